@@ -1,0 +1,139 @@
+"""Fix registry: finds every fix module in this folder, decides once per process whether each is needed,
+and attaches the needed ones to a model's patcher.
+
+Guarantees (each has a test in tests/test_registry.py):
+* attaching twice equals attaching once (fixes attach under a per-fix key that replaces, never stacks);
+* detaching restores the original objects;
+* only the patcher handed in is touched, so a stock loader's model in the same process is not;
+* everything is patcher-level, so ComfyUI's clone() and cached_patcher_init rebuilds carry the fixes along;
+* a fix whose module fails to import or whose detection raises is disabled alone, logged once, never raised.
+
+Off switch: MINIMAX_HOTFIX_DISABLE=<id>[,<id>...] (or "all"), read when a fix is looked at, so it also
+works for a ComfyUI started with the variable set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import pkgutil
+import threading
+
+from ._fix import PACK_KEY, Check, Fix, State, Status
+
+log = logging.getLogger("minimax_hotfix")
+
+DISABLE_ENV = "MINIMAX_HOTFIX_DISABLE"
+
+_lock = threading.RLock()
+_fixes: dict[str, Fix] | None = None
+_detected: dict[str, Status] = {}
+_broken_modules: dict[str, str] = {}
+
+
+def all_fixes() -> dict[str, Fix]:
+    """Every fix module's ``FIX``, by id, imported once. A module that fails to import is logged and skipped."""
+    global _fixes
+    with _lock:
+        if _fixes is None:
+            found: dict[str, Fix] = {}
+            for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+                if info.name.startswith("_"):
+                    continue
+                try:
+                    fix = importlib.import_module(f"{__name__}.{info.name}").FIX
+                except Exception as exc:  # a broken fix must never break ComfyUI start-up
+                    _broken_modules[info.name] = f"{type(exc).__name__}: {exc}"
+                    log.warning("MiniMax Hotfix: fix module %s failed to import and is disabled: %s", info.name, exc)
+                    continue
+                found[fix.id] = fix
+            _fixes = found
+        return _fixes
+
+
+def broken_modules() -> dict[str, str]:
+    all_fixes()
+    return dict(_broken_modules)
+
+
+def key_for(fix: Fix) -> str:
+    return f"{PACK_KEY}.{fix.id}"
+
+
+def disabled_ids() -> set[str]:
+    return {part.strip() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
+
+
+def status(fix: Fix) -> Status:
+    """The fix's state for this process. Detection runs once; the off switch is checked every time."""
+    switched_off = disabled_ids()
+    if fix.id in switched_off or "all" in switched_off:
+        return Status(State.DISABLED, f"switched off by {DISABLE_ENV}")
+    with _lock:
+        if fix.id not in _detected:
+            try:
+                found = fix.detect()
+            except Exception as exc:
+                found = Status(State.DISABLED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
+                log.warning("MiniMax Hotfix: %s: %s", fix.id, found.reason)
+            else:
+                level = logging.WARNING if found.state is State.DISABLED else logging.INFO
+                log.log(level, "MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
+            _detected[fix.id] = found
+        return _detected[fix.id]
+
+
+def forget_detection() -> None:
+    """Tests only: make the next ``status`` call detect again."""
+    with _lock:
+        _detected.clear()
+
+
+def fixes_for(target: str) -> list[Fix]:
+    return [fix for fix in all_fixes().values() if target in fix.targets]
+
+
+def attach_fixes(patcher, target: str) -> list[str]:
+    """Attach every needed fix for ``target`` ("vae", "clip", "model") to ``patcher``; return their ids."""
+    attached = []
+    for fix in fixes_for(target):
+        if status(fix).state is not State.APPLIED:
+            continue
+        key = key_for(fix)
+        fix.detach(patcher, key)
+        fix.attach(patcher, key)
+        attached.append(fix.id)
+    return attached
+
+
+def detach_fixes(patcher, target: str) -> None:
+    for fix in fixes_for(target):
+        fix.detach(patcher, key_for(fix))
+
+
+def install_process_fixes() -> list[str]:
+    """Install the needed process-wide fixes (guarded global patches); idempotent; never raises."""
+    installed = []
+    for fix in fixes_for("process"):
+        if status(fix).state is not State.APPLIED:
+            continue
+        try:
+            fix.install()
+        except Exception as exc:
+            log.warning("MiniMax Hotfix: %s failed to install and is left off: %s", fix.id, exc)
+            continue
+        installed.append(fix.id)
+    return installed
+
+
+def uninstall_process_fixes() -> None:
+    for fix in fixes_for("process"):
+        fix.uninstall()
+
+
+__all__ = [
+    "Check", "Fix", "State", "Status", "DISABLE_ENV", "all_fixes", "attach_fixes", "broken_modules",
+    "detach_fixes", "disabled_ids", "fixes_for", "forget_detection", "install_process_fixes", "key_for",
+    "status", "uninstall_process_fixes",
+]

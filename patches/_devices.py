@@ -1,0 +1,40 @@
+"""A second device for self-tests and tests: the real accelerator where there is one, otherwise FakeTensor
+"cuda" tensors on CPU, which raise the same "Expected all tensors to be on the same device" text as CUDA.
+
+FakeTensor pitfalls (see docs/testing.md): ``.to("cuda")`` fails on a CPU-only torch, so fake tensors are
+made with ``on_fake_cuda``; fake tensors carry no data, so values are compared on real devices only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def real_accelerator() -> torch.device | None:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return None
+
+
+@contextlib.contextmanager
+def fake_cuda_mode():
+    """A FakeTensorMode that lets ops mix in real CPU tensors (as an offloaded weight would be)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        yield mode
+
+
+def on_fake_cuda(mode, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a FakeTensor on cuda:0 (shape, dtype and strides kept, no data)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        meta = tensor.detach().to("meta")
+    return FakeTensor(mode, meta, torch.device("cuda", 0))

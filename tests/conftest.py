@@ -1,0 +1,23 @@
+"""Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
+``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from doctor import load_pack  # noqa: E402
+
+load_pack()
+
+
+@pytest.fixture(scope="session")
+def comfyui():
+    """The path of a real ComfyUI, importable and in CPU mode when no GPU is present."""
+    if not os.environ.get("COMFYUI_PATH"):
+        pytest.skip("needs a ComfyUI checkout: set COMFYUI_PATH")
+    from minimax_hotfix.patches._comfy import use_comfyui_checkout
+
+    return use_comfyui_checkout()
