@@ -78,7 +78,7 @@ def status(fix: Fix) -> Status:
                 found = Status(State.DISABLED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
                 log.warning("MiniMax Hotfix: %s: %s", fix.id, found.reason)
             else:
-                level = logging.WARNING if found.state is State.DISABLED else logging.INFO
+                level = logging.WARNING if found.state == State.DISABLED else logging.INFO
                 log.log(level, "MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
             _detected[fix.id] = found
         return _detected[fix.id]
@@ -98,7 +98,7 @@ def attach_fixes(patcher, target: str) -> list[str]:
     """Attach every needed fix for ``target`` ("vae", "clip", "model") to ``patcher``; return their ids."""
     attached = []
     for fix in fixes_for(target):
-        if status(fix).state is not State.APPLIED:
+        if status(fix).state != State.APPLIED:
             continue
         key = key_for(fix)
         fix.detach(patcher, key)
@@ -116,7 +116,7 @@ def install_process_fixes() -> list[str]:
     """Install the needed process-wide fixes (guarded global patches); idempotent; never raises."""
     installed = []
     for fix in fixes_for("process"):
-        if status(fix).state is not State.APPLIED:
+        if status(fix).state != State.APPLIED:
             continue
         try:
             fix.install()

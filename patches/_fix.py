@@ -60,7 +60,7 @@ class Fix:
 
     def detach(self, patcher, key: str) -> None:
         """Undo ``attach``. The default covers fixes that attach only injections; others override it."""
-        patcher.remove_injections(key)
+        set_injection(patcher, key, None)
 
     def install(self) -> None:
         """Process-wide fixes only: install idempotently."""
@@ -114,3 +114,17 @@ def model_injection(install: Callable[[object], list]):
     except ImportError:
         return types.SimpleNamespace(inject=inject, eject=eject)
     return PatcherInjection(inject=inject, eject=eject)
+
+
+def set_injection(patcher, key: str, injection) -> None:
+    """Put ``injection`` (or nothing) under ``key``, keeping a patcher that is injected right now consistent:
+    the old injection is ejected before it is dropped and the new one injected at once, as a load would."""
+    injected = getattr(patcher, "is_injected", False)
+    for old in patcher.get_injections(key) or []:
+        if injected:
+            old.eject(patcher)
+    patcher.remove_injections(key)
+    if injection is not None:
+        patcher.set_injections(key, [injection])
+        if injected:
+            injection.inject(patcher)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tools"), str(HERE)]  # tools/doctor.py's load_pack; shared test helpers
 from doctor import load_pack  # noqa: E402
 
 load_pack()

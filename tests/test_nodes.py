@@ -1,0 +1,95 @@
+"""The pack loaded the way ComfyUI loads a custom node folder (needs COMFYUI_PATH)."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minimax_hotfix import patches
+from patchers import ComfyBackend
+from test_registry import CountingFix, tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE_IDS = {
+    "MiniMaxHotfixVAELoader": "VAELoader",
+    "MiniMaxHotfixCLIPLoader": "CLIPLoader",
+    "MiniMaxHotfixUNETLoader": "UNETLoader",
+    "MiniMaxHotfixApplyVAE": None,
+    "MiniMaxHotfixApplyCLIP": None,
+    "MiniMaxHotfixApplyModel": None,
+    "MiniMaxHotfixStatus": None,
+}
+
+
+@pytest.fixture(scope="module")
+def comfy_nodes(comfyui):
+    import nodes
+
+    stock = set(nodes.NODE_CLASS_MAPPINGS)
+    assert asyncio.run(nodes.load_custom_node(str(ROOT), ignore=stock)), "ComfyUI failed to load the pack"
+    return nodes
+
+
+@pytest.fixture
+def counting_fix(comfy_nodes, monkeypatch):
+    """A test fix in the registry of the pack as ComfyUI loaded it (a module tree of its own, not minimax_hotfix)."""
+    registry = sys.modules[comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"].__module__].patches
+    fix = CountingFix()
+    fix.targets = ("vae", "clip", "model")
+    monkeypatch.setattr(registry, "_fixes", {fix.id: fix})
+    registry.forget_detection()
+    yield fix
+    registry.forget_detection()
+
+
+def test_every_node_registers(comfy_nodes):
+    assert set(NODE_IDS) <= set(comfy_nodes.NODE_CLASS_MAPPINGS)
+    assert all(comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS.get(node_id) for node_id in NODE_IDS)
+
+
+@pytest.mark.parametrize("ours,stock", [(k, v) for k, v in NODE_IDS.items() if v])
+def test_loader_interface_equals_the_stock_loader(comfy_nodes, ours, stock):
+    ours, stock = comfy_nodes.NODE_CLASS_MAPPINGS[ours], comfy_nodes.NODE_CLASS_MAPPINGS[stock]
+    assert ours.INPUT_TYPES() == stock.INPUT_TYPES()
+    for attribute in ("RETURN_TYPES", "FUNCTION", "OUTPUT_NODE"):
+        assert getattr(ours, attribute, None) == getattr(stock, attribute, None), attribute
+    assert ours.__mro__[1] is stock
+
+
+def test_the_unet_loader_loads_like_stock_then_attaches(comfy_nodes, counting_fix, monkeypatch):
+    import comfy.sd
+    import folder_paths
+
+    loaded = ComfyBackend().patcher(tiny_model())
+    seen = {}
+    monkeypatch.setattr(folder_paths, "get_full_path_or_raise", lambda folder, name: f"/{folder}/{name}")
+    monkeypatch.setattr(comfy.sd, "load_diffusion_model", lambda path, **kw: seen.update(path=path, **kw) or loaded)
+
+    (model,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixUNETLoader"]().load_unet("h3.safetensors", "default")
+    assert model is loaded and seen["path"] == "/diffusion_models/h3.safetensors"
+    assert model.get_injections(patches.key_for(counting_fix))
+
+
+def test_apply_nodes_leave_their_input_unchanged(comfy_nodes, counting_fix):
+    stock = ComfyBackend().patcher(tiny_model())
+    (fixed,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyModel"]().apply(model=stock)
+    key = patches.key_for(counting_fix)
+    assert fixed is not stock and fixed.get_injections(key) and not stock.get_injections(key)
+
+    class VAE:  # the slice of comfy.sd.VAE the node touches
+        patcher = stock
+
+    vae = VAE()
+    (fixed_vae,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyVAE"]().apply(vae=vae)
+    assert fixed_vae.patcher.get_injections(key) and vae.patcher is stock and not stock.get_injections(key)
+
+
+def test_the_status_node_reports_every_fix(comfy_nodes):
+    result = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"]().report()
+    (table,) = result["result"]
+    assert result["ui"]["text"] == [table]
+    for fix_id in patches.all_fixes():
+        assert fix_id in table
+    assert torch.is_tensor(torch.zeros(1))  # the node imports nothing that breaks torch

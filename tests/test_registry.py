@@ -1,0 +1,215 @@
+"""The registry's guarantees, each with a red control showing the check catches a broken variant.
+
+Runs on the stand-in patcher everywhere and on ComfyUI's real ModelPatcher when COMFYUI_PATH is set."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from minimax_hotfix import patches
+from minimax_hotfix.patches._fix import AttributeOverride, Fix, State, Status, model_injection, set_injection
+from patchers import ComfyBackend, StandInBackend
+
+
+@pytest.fixture(params=["stand-in", "comfyui"])
+def backend(request):
+    if request.param == "stand-in":
+        return StandInBackend()
+    request.getfixturevalue("comfyui")
+    return ComfyBackend()
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+class CountingFix(Fix):
+    """Counts forward calls through a pre-hook on every Linear and marks the model, all via an injection."""
+
+    id = "test_counting"
+    targets = ("model",)
+
+    def __init__(self):
+        self.calls = 0
+
+    def detect(self):
+        return Status(State.APPLIED, "test fix")
+
+    def count(self, module, args):
+        self.calls += 1
+
+    def install(self, model):
+        hooks = [m.register_forward_pre_hook(self.count) for m in model.modules() if isinstance(m, nn.Linear)]
+        return hooks + [AttributeOverride(model, "hotfixed", True)]
+
+    def attach(self, patcher, key):
+        set_injection(patcher, key, model_injection(self.install))
+
+
+class RaisingDetectFix(CountingFix):
+    id = "test_raising_detect"
+
+    def detect(self):
+        raise RuntimeError("target moved")
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The registry holding only the given fixes, with fresh detection."""
+
+    def use(*fixes):
+        monkeypatch.setattr(patches, "_fixes", {fix.id: fix for fix in fixes})
+        patches.forget_detection()
+        return fixes
+
+    yield use
+    patches.forget_detection()
+
+
+def run(model):
+    return model(torch.ones(1, 4))
+
+
+def hook_state(model):
+    """Hooks and instance attributes of every module, less the bookkeeping ComfyUI's own loads add."""
+    own = lambda m: sorted(k for k in vars(m) if not k.startswith("comfy_"))  # noqa: E731
+    return [(name, list(m._forward_pre_hooks.values()), own(m)) for name, m in model.named_modules()]
+
+
+def calls_per_forward(fix, backend, patcher):
+    backend.load(patcher)
+    before = fix.calls
+    run(patcher.model)
+    backend.unload(patcher)
+    return fix.calls - before
+
+
+def test_attaching_twice_equals_attaching_once(backend, registry):
+    (fix,) = registry(CountingFix())
+    patcher = backend.patcher(tiny_model())
+    patches.attach_fixes(patcher, "model")
+    patches.attach_fixes(patcher, "model")
+    assert calls_per_forward(fix, backend, patcher) == 2  # two Linear layers, one hook each
+
+    # Red control: the same fix attached under a second key stacks, and the count shows it.
+    fix.attach(patcher, "some.other.key")
+    assert calls_per_forward(fix, backend, patcher) == 4
+
+
+def test_attaching_to_an_injected_patcher_does_not_stack(backend, registry):
+    (fix,) = registry(CountingFix())
+    patcher = backend.patcher(tiny_model())
+    patches.attach_fixes(patcher, "model")
+    backend.load(patcher)
+    patches.attach_fixes(patcher, "model")
+    before = fix.calls
+    run(patcher.model)
+    assert fix.calls - before == 2
+    backend.unload(patcher)
+
+
+def test_detaching_restores_the_original_objects(backend, registry):
+    registry(CountingFix())
+    patcher = backend.patcher(tiny_model())
+    original = hook_state(patcher.model)
+    reference = run(patcher.model)
+
+    patches.attach_fixes(patcher, "model")
+    backend.load(patcher)
+    assert patcher.model.hotfixed and hook_state(patcher.model) != original
+    patches.detach_fixes(patcher, "model")  # while loaded: the fix must leave at once
+    assert hook_state(patcher.model) == original
+    assert not hasattr(patcher.model, "hotfixed")
+    assert torch.equal(run(patcher.model), reference)
+    backend.unload(patcher)
+
+    # Red control: dropping the injection without ejecting it leaves the hooks behind, and the check sees it.
+    patches.attach_fixes(patcher, "model")
+    backend.load(patcher)
+    patcher.remove_injections(patches.key_for(CountingFix()))
+    assert hook_state(patcher.model) != original
+    backend.unload(patcher)
+
+
+def test_a_stock_model_in_the_same_process_is_untouched(backend, registry):
+    (fix,) = registry(CountingFix())
+    ours, stock = backend.patcher(tiny_model()), backend.patcher(tiny_model())
+    patches.attach_fixes(ours, "model")
+    assert calls_per_forward(fix, backend, ours) == 2
+    assert calls_per_forward(fix, backend, stock) == 0
+    assert not hasattr(stock.model, "hotfixed") and not any(k.startswith("minimax_hotfix") for k in stock.injections)
+
+    # A clone of the stock patcher with the fix (what the Apply nodes make) leaves the stock one clean too.
+    fixed_clone = stock.clone()
+    patches.attach_fixes(fixed_clone, "model")
+    assert calls_per_forward(fix, backend, fixed_clone) == 2
+    assert calls_per_forward(fix, backend, stock) == 0
+
+    # Red control: attaching to the stock patcher too is caught by the same check.
+    patches.attach_fixes(stock, "model")
+    assert calls_per_forward(fix, backend, stock) == 2
+
+
+def test_fixes_survive_clone_and_rebuild_from_cached_patcher_init(backend, registry):
+    (fix,) = registry(CountingFix())
+    patcher = backend.patcher(tiny_model(), factory_args=(tiny_model,))
+    patches.attach_fixes(patcher, "model")
+
+    clone = patcher.clone()
+    assert calls_per_forward(fix, backend, clone) == 2
+    rebuilt = backend.rebuild(patcher)
+    assert rebuilt.model is not patcher.model
+    assert calls_per_forward(fix, backend, rebuilt) == 2
+
+    # Red control: a fix that edits the module tree directly instead of the patcher is lost on rebuild.
+    direct = backend.patcher(tiny_model(), factory_args=(tiny_model,))
+    fix.install(direct.model)
+    assert calls_per_forward(fix, backend, backend.rebuild(direct)) == 0
+
+
+def test_a_failing_detection_disables_only_that_fix_and_logs_once(backend, registry, caplog):
+    good, bad = registry(CountingFix(), RaisingDetectFix())
+    patcher = backend.patcher(tiny_model())
+    with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
+        assert patches.attach_fixes(patcher, "model") == [good.id]
+        patches.attach_fixes(backend.patcher(tiny_model()), "model")
+        assert patches.status(bad).state is State.DISABLED
+    assert "target moved" in patches.status(bad).reason
+    assert [r.getMessage() for r in caplog.records].count(f"MiniMax Hotfix: {bad.id}: {patches.status(bad).reason}") == 1
+    assert calls_per_forward(good, backend, patcher) == 2
+
+    # Red control: the detection really raises when called outside the registry.
+    with pytest.raises(RuntimeError, match="target moved"):
+        bad.detect()
+
+
+def test_a_fix_module_that_fails_to_import_is_skipped(monkeypatch, tmp_path, caplog):
+    (tmp_path / "broken_fix.py").write_text("raise ImportError('needs a newer ComfyUI')\n")
+    (tmp_path / "good_fix.py").write_text(
+        "from minimax_hotfix.patches._fix import Fix, State, Status\n"
+        "class Good(Fix):\n    id = 'good_fix'\n    targets = ('vae',)\n"
+        "    def detect(self):\n        return Status(State.NOT_APPLICABLE, 'test')\n"
+        "FIX = Good()\n"
+    )
+    monkeypatch.setattr(patches, "__path__", [str(tmp_path)])
+    monkeypatch.setattr(patches, "_fixes", None)
+    monkeypatch.setattr(patches, "_broken_modules", {})
+    with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
+        assert list(patches.all_fixes()) == ["good_fix"]
+    assert "needs a newer ComfyUI" in patches.broken_modules()["broken_fix"]
+    assert any("broken_fix failed to import" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(patches, "_fixes", None)  # the next test rediscovers the real fixes
+
+
+def test_the_off_switch_disables_a_fix_without_detecting_it(monkeypatch, registry):
+    good, bad = registry(CountingFix(), RaisingDetectFix())
+    monkeypatch.setenv(patches.DISABLE_ENV, f"{bad.id}, {good.id}")
+    assert patches.status(good) == patches.status(bad) == Status(State.DISABLED, f"switched off by {patches.DISABLE_ENV}")
+    assert patches.attach_fixes(StandInBackend().patcher(tiny_model()), "model") == []
+    monkeypatch.setenv(patches.DISABLE_ENV, "all")
+    assert patches.status(good).state is State.DISABLED
+    monkeypatch.delenv(patches.DISABLE_ENV)
+    assert patches.status(good).state is State.APPLIED
