@@ -1,0 +1,404 @@
+"""The bundled example workflows (workflows/*.json) are sound ComfyUI workflows.
+
+Without ComfyUI (CI): every node type exists and every widget value fits its input, checked against
+tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows use
+(interfaces only). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
+compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists and serves the workflows at
+/workflow_templates, and each workflow, converted to API format, passes /prompt validation except for the model
+files that the test ComfyUI does not have.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+PACK_ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
+SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
+sys.path.insert(0, str(PACK_ROOT / "tools"))
+import swap_loaders  # noqa: E402
+
+FRONTEND_ONLY = {"MarkdownNote", "Note"}  # drawn by the frontend, never sent to the server
+MODEL_FILE_INPUTS = {"unet_name", "clip_name", "vae_name"}
+FOLDER_LISTED_INPUTS = MODEL_FILE_INPUTS | {"image"}  # options depend on the files of the ComfyUI at hand
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", DYNAMIC_COMBO}
+PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
+MODEL_URL = "https://huggingface.co/Comfy-Org/"
+
+
+class WidgetMismatch(AssertionError):
+    pass
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def node_specs() -> dict:
+    return load(SPECS_FILE)["nodes"]
+
+
+def _ordered_inputs(spec: dict):
+    """(name, io_type, options) in the order the frontend lays out widgets: required, then optional."""
+    order = spec.get("input_order") or {section: list(spec["input"].get(section, {})) for section in ("required", "optional")}
+    for section in ("required", "optional"):
+        for name in order.get(section, []):
+            entry = spec["input"][section][name]
+            yield name, entry[0], entry[1] if len(entry) > 1 else {}
+
+
+def _is_widget(io_type, options: dict) -> bool:
+    return (isinstance(io_type, list) or io_type in WIDGET_TYPES) and not options.get("forceInput")
+
+
+def _check_value(name: str, io_type, options: dict, value):
+    """Why ``value`` does not fit the input, or None."""
+    if isinstance(io_type, list) or io_type == "COMBO":
+        choices = io_type if isinstance(io_type, list) else options.get("options", [])
+        if name in FOLDER_LISTED_INPUTS:
+            return None if isinstance(value, str) and value else f"{name}: expected a file name, got {value!r}"
+        return None if value in choices else f"{name}: {value!r} is not one of {choices}"
+    if io_type == "INT" and (not isinstance(value, int) or isinstance(value, bool)):
+        return f"{name}: expected an integer, got {value!r}"
+    if io_type == "FLOAT" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+        return f"{name}: expected a number, got {value!r}"
+    if io_type in ("INT", "FLOAT") and not options.get("min", value) <= value <= options.get("max", value):
+        return f"{name}: {value} outside [{options.get('min')}, {options.get('max')}]"
+    if io_type == "STRING" and not isinstance(value, str):
+        return f"{name}: expected a string, got {value!r}"
+    if io_type == "BOOLEAN" and not isinstance(value, bool):
+        return f"{name}: expected a boolean, got {value!r}"
+    return None
+
+
+def widget_inputs(spec: dict, widgets_values: list) -> dict:
+    """Maps a node's widgets_values onto its inputs as the frontend lays them out, checking each value.
+
+    Follows the frontend's rules for the inputs the bundled workflows use: a control widget after inputs with
+    ``control_after_generate``, an upload widget after ``image_upload``, the inputs of the chosen option right after
+    a dynamic combo (API keys ``parent.child``), nothing for hidden or socket-only inputs.
+    """
+    values = list(widgets_values)
+    found = {}
+
+    def take(what):
+        if not values:
+            raise WidgetMismatch(f"no widget value left for {what}")
+        return values.pop(0)
+
+    def walk(inputs, prefix):
+        for name, io_type, options in inputs:
+            if options.get("hidden") or not _is_widget(io_type, options):
+                continue
+            key = prefix + name
+            value = found[key] = take(key)
+            if io_type == DYNAMIC_COMBO:
+                chosen = [option for option in options["options"] if option["key"] == value]
+                if not chosen:
+                    raise WidgetMismatch(f"{key}: {value!r} is not one of {[o['key'] for o in options['options']]}")
+                walk(_ordered_inputs({"input": chosen[0]["inputs"]}), key + ".")
+                continue
+            problem = _check_value(key, io_type, options, value)
+            if problem:
+                raise WidgetMismatch(problem)
+            if options.get("control_after_generate") and take(f"{key} (control after generate)") not in CONTROL_VALUES:
+                raise WidgetMismatch(f"{key}: control after generate is not one of {sorted(CONTROL_VALUES)}")
+            if options.get("image_upload"):
+                take(f"{key} (upload button)")
+
+    walk(_ordered_inputs(spec), "")
+    if values:
+        raise WidgetMismatch(f"{len(values)} widget values left over: {values!r}")
+    return found
+
+
+def ui_to_api(workflow: dict, specs: dict) -> dict:
+    """UI-format workflow -> API-format prompt, as the frontend's "Queue" sends it (flat graphs, all nodes active)."""
+    if (workflow.get("definitions") or {}).get("subgraphs"):
+        raise NotImplementedError("subgraphs: the bundled workflows are flat")
+    links = {link[0]: link for link in workflow["links"]}
+    prompt = {}
+    for node in workflow["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        assert node.get("mode", 0) == 0, f"node {node['id']} is muted or bypassed"
+        try:
+            inputs = widget_inputs(specs[node["type"]], node.get("widgets_values") or [])
+        except WidgetMismatch as exc:
+            raise WidgetMismatch(f"node {node['id']} ({node['type']}): {exc}") from None
+        for slot in node.get("inputs", []):
+            if slot.get("link") is not None:
+                link = links[slot["link"]]
+                inputs[slot["name"]] = [str(link[1]), link[2]]
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs,
+                                   "_meta": {"title": node.get("title") or node["type"]}}
+    return prompt
+
+
+def check_workflow(workflow: dict, specs: dict) -> dict:
+    """Node types exist, widgets fit, links are consistent, required inputs are connected; returns the API prompt."""
+    unknown = {node["type"] for node in workflow["nodes"]} - set(specs) - FRONTEND_ONLY
+    assert not unknown, f"node types that do not exist: {sorted(unknown)}"
+    nodes = {node["id"]: node for node in workflow["nodes"]}
+    for link_id, origin, origin_slot, target, target_slot, link_type in workflow["links"]:
+        output, target_input = nodes[origin]["outputs"][origin_slot], nodes[target]["inputs"][target_slot]
+        assert link_id in output["links"] and target_input["link"] == link_id, f"link {link_id}: ends disagree"
+        assert output["type"] == link_type == target_input["type"], (
+            f"link {link_id}: {output['type']} output, {link_type} link, {target_input['type']} input")
+    link_ids = {link[0] for link in workflow["links"]}
+    dangling = [(node["id"], slot["name"]) for node in workflow["nodes"] for slot in node.get("inputs", [])
+                if slot.get("link") is not None and slot["link"] not in link_ids]
+    assert not dangling, f"inputs pointing at links that do not exist: {dangling}"
+    prompt = ui_to_api(workflow, specs)
+    for node_id, node in prompt.items():
+        spec = specs[node["class_type"]]
+        for name, entry in spec["input"].get("required", {}).items():
+            assert name in node["inputs"], f"node {node_id} ({node['class_type']}): required input {name} not connected"
+        outputs = [output["type"] for output in nodes[int(node_id)]["outputs"]]
+        assert outputs == spec["output"], f"node {node_id}: outputs {outputs} != {spec['output']}"
+    return prompt
+
+
+@pytest.fixture(scope="module")
+def snapshot_specs():
+    return node_specs()
+
+
+def test_there_are_the_five_workflows():
+    assert [path.stem for path in WORKFLOWS] == [
+        "minimax_h3_image_to_video", "minimax_h3_reference_to_video", "minimax_h3_text_to_video",
+        "minimax_music3", "minimax_music3_gguf_text_encoder"]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_node_types_exist_and_widget_values_fit(path, snapshot_specs):
+    prompt = check_workflow(load(path), snapshot_specs)
+    assert any(node["class_type"] == "MiniMaxHotfixStatus" for node in prompt.values())
+
+
+@pytest.mark.parametrize("break_it,error", [
+    (lambda wf: wf["nodes"][0].update(type="NoSuchNode"), "node types that do not exist"),
+    (lambda wf: _first(wf, "MiniMaxHotfixCLIPLoader")["widgets_values"].__setitem__(1, "not_a_type"), "is not one of"),
+    (lambda wf: _first(wf, "MiniMaxHotfixCLIPLoader")["widgets_values"].pop(), "no widget value left for device"),
+    (lambda wf: _first(wf, "MiniMaxHotfixVAELoader")["widgets_values"].append(1), "1 widget values left over"),
+    (lambda wf: _first(wf, "RandomNoise")["widgets_values"].__setitem__(0, -1), "outside"),
+    (lambda wf: _first(wf, "RandomNoise")["widgets_values"].__setitem__(1, "sometimes"), "control after generate"),
+    (lambda wf: _first(wf, "CreateVideo")["widgets_values"].__setitem__(0, "24"), "expected a number"),
+    (lambda wf: _first(wf, "SaveVideo")["widgets_values"].__setitem__(2, "mpeg2"), "format.codec: 'mpeg2'"),
+    (lambda wf: _disconnect(wf, wf["links"][-1]), "not connected"),
+    (lambda wf: wf["links"][-1].__setitem__(5, "IMAGE"), "VIDEO output, IMAGE link, VIDEO input"),
+    (lambda wf: wf["links"].pop(), "inputs pointing at links that do not exist"),
+])
+def test_the_checks_catch_a_broken_workflow(break_it, error, snapshot_specs):
+    workflow = load(PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json")
+    check_workflow(copy.deepcopy(workflow), snapshot_specs)
+    break_it(workflow)
+    with pytest.raises(AssertionError, match=re.escape(error)):
+        check_workflow(workflow, snapshot_specs)
+
+
+def _disconnect(workflow: dict, link: list) -> None:
+    workflow["links"].remove(link)
+    nodes = {node["id"]: node for node in workflow["nodes"]}
+    nodes[link[1]]["outputs"][link[2]]["links"].remove(link[0])
+    nodes[link[3]]["inputs"][link[4]]["link"] = None
+
+
+def _first(workflow: dict, node_type: str) -> dict:
+    return next(node for node in workflow["nodes"] if node["type"] == node_type)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_models_load_through_the_pack_with_official_file_names(path):
+    workflow = load(path)
+    types = [node["type"] for node in workflow["nodes"]]
+    assert not set(types) & set(swap_loaders.STOCK_TO_PACK), "a stock loader left in a bundled workflow"
+    assert "MiniMaxHotfixUNETLoader" in types and "MiniMaxHotfixVAELoader" in types
+    for node in workflow["nodes"]:
+        if node["type"] == "CLIPLoaderGGUF":
+            assert any(link[1] == node["id"] for link in workflow["links"] if link[5] == "CLIP")
+            consumers = {link[3] for link in workflow["links"] if link[1] == node["id"]}
+            assert {next(n["type"] for n in workflow["nodes"] if n["id"] == c) for c in consumers} == {
+                "MiniMaxHotfixApplyCLIP"}, "the GGUF CLIP must reach the graph through MiniMaxHotfixApplyCLIP"
+        if node["type"] not in PACK_LOADERS:
+            continue
+        properties = node["properties"]
+        assert properties["cnr_id"] == swap_loaders.PACK_CNR_ID
+        assert properties["Node name for S&R"] == node["type"]
+        (model,) = properties["models"]
+        assert model["name"] == node["widgets_values"][0]
+        assert model["url"].startswith(MODEL_URL) and model["url"].endswith(f"/{model['directory']}/{model['name']}")
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_each_workflow_carries_a_note_on_its_fixes(path):
+    notes = [node["widgets_values"][0] for node in load(path)["nodes"] if node["type"] == "MarkdownNote"]
+    assert len(notes) == 1
+    assert "**Fixes that apply here**" in notes[0] and "swap_loaders.py" in notes[0]
+    assert "RuntimeError" in notes[0] or "noise" in notes[0]
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
+    workflow = load(path)
+    pack_ver = next(node["properties"]["ver"] for node in workflow["nodes"] if node["type"] in PACK_LOADERS)
+    stock = copy.deepcopy(workflow)
+    assert swap_loaders.swap(stock, reverse=True)
+    assert not {node["type"] for node in stock["nodes"]} & PACK_LOADERS
+    swap_loaders.swap(stock, version=pack_ver)
+    assert json.dumps(stock) == json.dumps(workflow)
+
+
+# ---- with a live ComfyUI (COMFYUI_PATH) ----
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None):
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture(scope="module")
+def comfy_server(comfyui, tmp_path_factory):
+    """A ComfyUI server on a free port: this pack plus the checkout's own custom nodes, empty model folders."""
+    base = tmp_path_factory.mktemp("comfy_base")
+    custom_nodes = base / "custom_nodes"
+    custom_nodes.mkdir()
+    (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
+    for entry in (Path(comfyui) / "custom_nodes").iterdir():
+        if entry.resolve() != PACK_ROOT and (entry.is_dir() or entry.suffix == ".py"):
+            (custom_nodes / entry.name).symlink_to(entry.resolve())
+    port = _free_port()
+    log = (base / "comfyui.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
+         "--base-directory", str(base), "--input-directory", str(Path(comfyui) / "input")],
+        cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if _http(url + "/system_stats")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
+            time.sleep(1)
+        object_info = json.loads(_http(url + "/object_info")[1])
+        assert "MiniMaxHotfixVAELoader" in object_info, (
+            "the pack did not load:\n" + (base / "comfyui.log").read_text()[-4000:])
+        yield url, object_info
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+
+
+def _comparable(spec: dict) -> dict:
+    """A node spec without the option lists that depend on the files of the ComfyUI at hand."""
+    spec = copy.deepcopy(spec)
+    for section in spec["input"].values():
+        for name, entry in section.items():
+            if name in FOLDER_LISTED_INPUTS:
+                entry[0] = "COMBO" if isinstance(entry[0], list) else entry[0]
+                if len(entry) > 1:
+                    entry[1].pop("options", None)
+    return spec
+
+
+def _snapshot_entry(spec: dict) -> dict:
+    return {key: spec[key] for key in ("input", "input_order", "output", "output_name", "python_module") if key in spec}
+
+
+def test_snapshot_matches_live_comfyui(comfy_server):
+    _, object_info = comfy_server
+    snapshot = load(SPECS_FILE)
+    used = sorted({node["type"] for path in WORKFLOWS for node in load(path)["nodes"]} - FRONTEND_ONLY)
+    if os.environ.get("MINIMAX_HOTFIX_UPDATE_SPECS") == "1":
+        snapshot["nodes"] = {name: _snapshot_entry(object_info[name]) if name in object_info
+                             else snapshot["nodes"][name] for name in used}
+        SPECS_FILE.write_text(json.dumps(snapshot, indent=1) + "\n", encoding="utf-8")
+    assert sorted(snapshot["nodes"]) == used
+    live = [name for name in used if name in object_info]
+    stale = [name for name in live
+             if _comparable(_snapshot_entry(object_info[name])) != _comparable(snapshot["nodes"][name])]
+    assert not stale, f"{SPECS_FILE.name} differs from this ComfyUI for {stale}; MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it"
+
+
+def test_comfyui_lists_and_serves_the_workflows(comfy_server):
+    url, _ = comfy_server
+    status, body = _http(url + "/workflow_templates")
+    assert status == 200
+    assert sorted(json.loads(body)["minimax-hotfix"]) == [path.stem for path in WORKFLOWS]
+    for path in WORKFLOWS:
+        status, served = _http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
+        assert status == 200 and served == path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_prompt_validation_fails_only_for_missing_model_files(path, comfy_server):
+    url, object_info = comfy_server
+    workflow = load(path)
+    absent = {node["type"] for node in workflow["nodes"]} - set(object_info) - FRONTEND_ONLY
+    if absent - {"CLIPLoaderGGUF"}:
+        pytest.fail(f"node types missing from ComfyUI: {sorted(absent)}")
+    if absent:
+        pytest.skip("ComfyUI-GGUF is not installed in this ComfyUI (custom_nodes/ComfyUI-GGUF)")
+    prompt = check_workflow(workflow, object_info)
+    problems, missing_files = prompt_errors(url, prompt)
+    assert not problems
+    model_inputs = {(node_id, name) for node_id, node in prompt.items() for name in node["inputs"]
+                    if name in MODEL_FILE_INPUTS}
+    assert missing_files == model_inputs, "every model file input, and nothing else, is reported missing"
+
+
+def test_prompt_check_reports_a_wrong_widget_value(comfy_server):
+    url, object_info = comfy_server
+    prompt = ui_to_api(load(PACK_ROOT / "workflows" / "minimax_music3.json"), object_info)
+    encoder = next(node for node in prompt.values() if node["class_type"] == "MiniMaxMusic3TextEncode")
+    encoder["inputs"]["top_k"] = 0
+    problems, missing_files = prompt_errors(url, prompt)
+    assert [error["extra_info"]["input_name"] for _, _, error in problems] == ["top_k"]
+    assert {name for _, name in missing_files} == {"unet_name", "clip_name", "vae_name"}
+
+
+def prompt_errors(url: str, prompt: dict):
+    """POSTs the prompt; returns (errors other than a missing model file, {(node id, input) of missing files})."""
+    status, body = _http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
+    reply = json.loads(body)
+    problems, missing_files = [], set()
+    for node_id, node_errors in reply.get("node_errors", {}).items():
+        for error in node_errors["errors"]:
+            input_name = error.get("extra_info", {}).get("input_name")
+            if error["type"] == "value_not_in_list" and input_name in MODEL_FILE_INPUTS:
+                missing_files.add((node_id, input_name))
+            else:
+                problems.append((node_id, node_errors["class_type"], error))
+    if status != 200 and reply.get("error", {}).get("type") != "prompt_outputs_failed_validation":
+        problems.append((None, None, reply.get("error")))
+    return problems, missing_files
