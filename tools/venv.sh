@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Creates .venv with the pinned test requirements (again only when tests/requirements.txt changes), then runs
 # the given command inside it:   bash tools/venv.sh python -m pytest
+#
+# Each tests/requirements-transformers-<ver>.txt adds an older transformers for the tests that need it: its lines are
+# installed with --no-deps into .venv/extra/transformers-<ver> (so a file lists transformers plus exactly the deps
+# whose pins differ from .venv's), and those tests put that folder first on PYTHONPATH of a subprocess. Each folder
+# is reinstalled only when its file, tests/requirements.txt or the venv's Python changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -12,4 +17,14 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha" 2>/dev/null
   "$venv/bin/pip" install -q --disable-pip-version-check -r tests/requirements.txt
   echo "$want" > "$venv/.requirements.sha"
 fi
+for req in tests/requirements-transformers-*.txt; do
+  [ -e "$req" ] || continue
+  extra="$venv/extra/$(basename "$req" .txt | sed 's/^requirements-//')"
+  want_extra=$( { cat tests/requirements.txt "$req"; "$venv/bin/python" -V; } | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$extra/.requirements.sha" 2>/dev/null)" != "$want_extra" ]; then
+    rm -rf "$extra"
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-compile --target "$extra" -r "$req"
+    echo "$want_extra" > "$extra/.requirements.sha"
+  fi
+done
 PATH="$PWD/$venv/bin:$PATH" exec "$@"

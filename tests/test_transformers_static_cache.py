@@ -1,0 +1,366 @@
+"""transformers_static_cache: nested generation inputs reach the model device, TP KV heads divided only when sharded.
+
+Two transformers versions take part. The ``test_affected_*`` tests need transformers 5.19.0 (both bugs present):
+``test_transformers_5_19_subprocess`` runs them in a subprocess with ``.venv/extra/transformers-5.19``
+(installed by tools/venv.sh from tests/requirements-transformers-5.19.txt) first on PYTHONPATH. The ``test_latest_*``
+tests run on the venv's own (latest) transformers, where both bugs are fixed upstream and the shim must do nothing.
+
+The "model on a GPU" is FakeTensor ``cuda``: a device mix raises the same "found at least two devices, cuda:0 and
+cpu" as CUDA. The host side of ``generate()`` (token bookkeeping, stopping criteria) stays real; only the model's
+own work (``prepare_inputs_for_generation`` and ``forward``) runs in the fake mode, and ``forward`` hands back zero
+logits on the host, as a device model's would be copied back.
+"""
+
+import collections
+import functools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from minimax_hotfix import patches
+from minimax_hotfix.kernels.nested_tensors import move_nested, nested_tensors
+from minimax_hotfix.patches import State
+from minimax_hotfix.patches import transformers_static_cache as shim
+from minimax_hotfix.patches._devices import fake_cuda_mode
+from minimax_hotfix.patches._report import status_rows
+
+pytestmark = pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning")  # host inputs on purpose
+
+ROOT = Path(__file__).resolve().parents[1]
+AFFECTED = "5.19"
+AFFECTED_PIN = (ROOT / f"tests/requirements-transformers-{AFFECTED}.txt").read_text()
+AFFECTED_VERSION = re.search(r"^transformers==(\S+)", AFFECTED_PIN, re.M).group(1)
+ON_AFFECTED = transformers.__version__ == AFFECTED_VERSION
+
+affected_only = pytest.mark.skipif(not ON_AFFECTED, reason=f"needs transformers {AFFECTED_VERSION}: runs through "
+                                                            "test_transformers_5_19_subprocess")
+latest_only = pytest.mark.skipif(ON_AFFECTED, reason="checks the venv's latest transformers")
+
+MISMATCH = "found at least two devices, cuda:0 and cpu"
+PROMPT = torch.tensor([[0, 5, 6, 7, 8], [3, 4, 5, 6, 7]])
+PADDED = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding: the mask is not skipped
+GENERATE = dict(max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0,
+                disable_compile=True)  # FakeTensor cannot compile for cuda on a CPU-only torch
+
+
+def tiny_qwen3():
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                      max_position_embeddings=64)
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+def tiny_gemma3():
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                           max_position_embeddings=64, sliding_window=4,
+                                           layer_types=["sliding_attention", "full_attention"])
+    return transformers.Gemma3ForCausalLM(config).eval()
+
+
+TINY_MODELS = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
+
+
+@pytest.fixture
+def installed():
+    """The shim installed process-wide for one test, as the pack installs it."""
+    shim.FIX.install()
+    yield shim.FIX
+    shim.FIX.uninstall()
+
+
+@pytest.fixture
+def fake_cuda_indexing(monkeypatch):
+    """Lets a FakeTensor ``cuda`` run the few Tensor methods whose Python bindings open a CUDA device guard, which a
+    CPU-only torch lacks ("PyTorch is not linked with support for cuda devices"): they run with the tensors' fake
+    device set to cpu and the result's set back. Device checks of every other op (SDPA included) are untouched."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def on_host_guard(method):
+        def run(self, *args):
+            fakes = [t for t in (self, *args, *(args[0] if args and isinstance(args[0], tuple) else ()))
+                     if isinstance(t, FakeTensor)]
+            devices = [t.fake_device for t in fakes]
+            for tensor in fakes:
+                tensor.fake_device = torch.device("cpu")
+            try:
+                out = method(self, *args)
+            finally:
+                for tensor, device in zip(fakes, devices):
+                    tensor.fake_device = device
+            if isinstance(out, FakeTensor):
+                out.fake_device = devices[0]
+            return out
+        return run
+
+    for name in ("__getitem__", "__setitem__", "copy_", "contiguous"):
+        monkeypatch.setattr(FakeTensor, name, on_host_guard(getattr(torch.Tensor, name)), raising=False)
+
+
+def all_tensors(inputs):
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor):
+            yield value
+        yield from nested_tensors(value)
+
+
+def generate_on_fake_cuda(model):
+    """``generate()`` with host-side inputs and the model on FakeTensor cuda; returns (output ids, the devices of
+    every tensor that reached ``forward``)."""
+    cls = type(model)
+    reached = set()
+    with fake_cuda_mode() as mode:
+        pass
+    shim.to_fake_cuda(model, mode)
+
+    @functools.wraps(cls.prepare_inputs_for_generation)
+    def prepare_inputs_for_generation(*args, **kwargs):
+        with mode:
+            return cls.prepare_inputs_for_generation(model, *args, **kwargs)
+
+    @functools.wraps(cls.forward)
+    def forward(*args, **kwargs):
+        reached.update(str(tensor.device) for tensor in all_tensors(kwargs))
+        with mode:
+            out = cls.forward(model, *args, **kwargs)
+        out.logits = torch.zeros(out.logits.shape)
+        return out
+
+    model.prepare_inputs_for_generation, model.forward = prepare_inputs_for_generation, forward
+    return model.generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE), reached
+
+
+def reported_on(model, device: torch.device):
+    """``model`` reporting ``device`` as its device (its weights stay where they are)."""
+    model.__class__ = type(f"{type(model).__name__}On", (type(model),), {"device": property(lambda self: device)})
+    return model
+
+
+def tp_model(plan, kv_heads=2):
+    model = tiny_qwen3() if kv_heads == 2 else transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=8))
+    model._tp_size = 2
+    model.tp_plan = plan
+    return model
+
+
+COLWISE_KV = {"model.layers.*.self_attn.k_proj": "colwise", "model.layers.*.self_attn.v_proj": "colwise"}
+GATHERED_KV = {"model.layers.*.self_attn.k_proj": "colwise_gather_output",
+               "model.layers.*.self_attn.v_proj": "colwise_gather_output"}
+MLP_ONLY = {"model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "colwise",
+            "model.layers.*.mlp.down_proj": "rowwise"}
+
+
+# -- the helper and the registry, on any transformers ----------------------------------------------------------
+
+def test_move_nested_moves_containers_and_leaves_other_objects():
+    Pair = collections.namedtuple("Pair", "first second")
+    cache = object()
+    host = {"masks": {"full_attention": torch.ones(2), "sliding_attention": None},
+            "pixels": [torch.ones(1), (torch.ones(1), 3)], "pair": Pair(torch.ones(1), cache),
+            "output": transformers.modeling_outputs.BaseModelOutput(last_hidden_state=torch.ones(1))}
+    meta = torch.device("meta")
+    moved = move_nested(host, meta)
+    assert {str(t.device) for t in nested_tensors(moved)} == {"meta"}
+    assert moved["pair"].second is cache and isinstance(moved["pair"], Pair)
+    assert isinstance(moved["output"], transformers.modeling_outputs.BaseModelOutput)
+    assert moved["output"].last_hidden_state.device == meta  # ModelOutput keeps attribute and item in step
+    assert moved["masks"]["sliding_attention"] is None and moved["pixels"][1][1] == 3
+    assert {str(t.device) for t in nested_tensors(host)} == {"cpu"}, "the caller's containers were modified"
+    assert move_nested(moved, meta) is moved, "nothing to move must return the very same object"
+
+
+def test_registry_lists_the_fix_with_its_off_switch(monkeypatch):
+    assert shim.FIX in patches.fixes_for("process") and patches.all_fixes()[shim.FIX_ID] is shim.FIX
+    assert shim.FIX_ID in [row[0] for row in status_rows()]
+    monkeypatch.setenv(patches.DISABLE_ENV, shim.FIX_ID)
+    assert patches.status(shim.FIX).state is State.DISABLED
+
+
+@latest_only
+def test_install_is_lazy_and_reversible():
+    """Installing at pack load must not import transformers; the wrappers appear when transformers' generation code
+    is imported, and uninstall puts the original methods back. A fresh interpreter, so nothing is imported yet."""
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
+        "from minimax_hotfix.patches import transformers_static_cache as shim, State\n"
+        "from minimax_hotfix import patches\n"
+        "assert shim.FIX in patches.fixes_for('process') and patches.status(shim.FIX).state is State.APPLIED\n"
+        "shim.FIX.install(); shim.FIX.install()\n"
+        "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
+        "from transformers.generation.utils import GenerationMixin as G\n"
+        "wrapped = G.__dict__[shim.PREPARE_INPUTS]\n"
+        "assert getattr(wrapped, shim.WRAPPED).__qualname__ == 'GenerationMixin.prepare_inputs_for_generation'\n"
+        "assert hasattr(G.__dict__[shim.INIT_SHAPE], shim.WRAPPED)\n"
+        "assert shim.FIX.detect().state is State.APPLIED, 'probed before first use'\n"
+        "shim.FIX.uninstall()\n"
+        "assert not hasattr(G.__dict__[shim.PREPARE_INPUTS], shim.WRAPPED) and shim._import_hook is None\n"
+        "assert G.__dict__[shim.PREPARE_INPUTS] is getattr(wrapped, shim.WRAPPED)\n"
+        "shim.FIX.install(); assert hasattr(G.__dict__[shim.PREPARE_INPUTS], shim.WRAPPED), 'already imported'\n"
+        "shim.FIX.uninstall(); assert not hasattr(G.__dict__[shim.INIT_SHAPE], shim.WRAPPED)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=300)
+
+
+# -- latest transformers: fixed upstream, the shim does nothing -------------------------------------------------
+
+@latest_only
+def test_latest_probe_finds_both_bugs_fixed_upstream():
+    found = shim.verdict()
+    assert (found.masks.state, found.tp_heads.state) == (State.FIXED_UPSTREAM, State.FIXED_UPSTREAM), found
+    assert shim.FIX.detect().state is State.FIXED_UPSTREAM
+
+
+def wrapped_methods():
+    mixin = transformers.GenerationMixin
+    return {name for name in shim.WRAPPERS if hasattr(mixin.__dict__[name], shim.WRAPPED)}
+
+
+@latest_only
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, monkeypatch):
+    """First use on a fixed transformers: the guard probes, touches nothing, and removes itself."""
+    monkeypatch.setattr(shim, "_verdict", None)
+    calls = []
+    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    shim.FIX.install()
+    assert wrapped_methods() == set(shim.WRAPPERS)
+    try:
+        out, reached = generate_on_fake_cuda(TINY_MODELS[name]())
+        assert out.shape == (2, 9) and reached == {"cuda:0"}
+        assert calls == [], "the shim touched inputs on a transformers that is fixed upstream"
+        assert wrapped_methods() == set(), "the pass-through guard stayed after the probe found nothing to repair"
+        shim.FIX.install()
+        assert wrapped_methods() == set(), "installed again although nothing needs repair"
+    finally:
+        shim.FIX.uninstall()
+
+
+@latest_only
+@pytest.mark.parametrize("plan, heads", [(COLWISE_KV, 1), (GATHERED_KV, 2), (MLP_ONLY, 2)])
+def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
+    monkeypatch.setattr(shim, "_verdict", None)
+    shim.FIX.install()
+    try:
+        model = tp_model(plan)
+        original = shim._unwrapped(transformers.GenerationMixin, shim.INIT_SHAPE)
+        assert model._get_static_cache_init_shape() == original(model) == (heads, 8)
+    finally:
+        shim.FIX.uninstall()
+
+
+@latest_only
+def test_latest_sharding_rule_matches_upstream():
+    from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
+
+    plans = [{}, COLWISE_KV, GATHERED_KV, MLP_ONLY, {"model.layers.*.self_attn.qkv_proj": "colwise"},
+             {"model.layers.*.self_attn.query_key_value": "colwise"}, {"model.layers.*.self_attn.q_proj": "colwise"},
+             {"model.layers.*.self_attn.k_proj": "packed_colwise"}, {"model.layers.*.mlp.experts": "grouped_gemm"}]
+    for plan in plans:
+        assert shim.shards_kv_heads(plan) == (get_kv_heads_per_rank(plan, 4, 2) == 2), plan
+
+
+@latest_only
+def test_transformers_5_19_subprocess():
+    """Runs this file's ``test_affected_*`` tests under transformers 5.19.0 in a subprocess."""
+    overlay = ROOT / ".venv" / "extra" / f"transformers-{AFFECTED}"
+    if not (overlay / "transformers").is_dir():
+        pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it from "
+                    f"tests/requirements-transformers-{AFFECTED}.txt")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")])))
+    env.pop(patches.DISABLE_ENV, None)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "affected",
+                             str(Path(__file__).relative_to(ROOT))],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert "passed" in summary and "skipped" not in summary and "deselected" in summary, summary
+
+
+# -- transformers 5.19.0: both bugs, red without the shim, green with it ----------------------------------------
+
+@affected_only
+def test_affected_probe_finds_both_bugs():
+    found = shim.verdict()
+    assert (found.masks.state, found.tp_heads.state) == (State.APPLIED, State.APPLIED), found
+    assert shim.FIX.detect().state is State.APPLIED
+    assert all(check.passed for check in shim.FIX.self_test())
+
+
+@affected_only
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_affected_generate_on_fake_cuda_red_without_shim(name, fake_cuda_indexing):
+    shim.FIX.uninstall()
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        generate_on_fake_cuda(TINY_MODELS[name]())
+
+
+@affected_only
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_affected_generate_on_fake_cuda_green_with_shim(name, installed, fake_cuda_indexing):
+    out, reached = generate_on_fake_cuda(TINY_MODELS[name]())
+    assert out.shape == (2, 9) and reached == {"cuda:0"}
+
+
+@affected_only
+@pytest.mark.parametrize("name", TINY_MODELS)
+def test_affected_cpu_token_ids_equal_the_on_device_run(name, installed, monkeypatch):
+    """Real data: the model reports ``cpu:0``, so host-side (``cpu``) inputs count as off-device and every step goes
+    through transformers' move and the shim's; the ids must equal a plain run with the inputs on the model device."""
+    shim.FIX.uninstall()
+    reference = TINY_MODELS[name]().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
+    shim.FIX.install()
+    calls = []
+    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    model = reported_on(TINY_MODELS[name](), torch.device("cpu", 0))
+    out = model.generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
+    assert torch.equal(out, reference), (out, reference)
+    assert len(calls) == GENERATE["max_new_tokens"], "the shim did not move the nested masks at every step"
+
+
+@affected_only
+@pytest.mark.parametrize("plan, buggy, fixed", [(COLWISE_KV, 1, 1), (GATHERED_KV, 1, 2), (MLP_ONLY, 1, 2)])
+def test_affected_tp_heads_divided_only_for_colwise_kv(plan, buggy, fixed):
+    """No distributed init: ``_tp_size=2`` and a plan on a tiny Qwen3 with 2 KV heads. Colwise k/v is the control
+    that divides both ways; gathered and MLP-only plans divide without the shim (red) and not with it (green)."""
+    assert tp_model(plan)._get_static_cache_init_shape() == (buggy, 8)
+    shim.FIX.install()
+    try:
+        assert tp_model(plan)._get_static_cache_init_shape() == (fixed, 8)
+    finally:
+        shim.FIX.uninstall()
+
+
+@affected_only
+def test_affected_tp_early_initialized_cache_has_every_kv_head(installed):
+    """Through ``_prepare_static_cache`` with ``prefill_chunk_size``: the cache that generate() initializes early
+    must hold the 2 KV heads each rank computes when k/v are gathered (1 head gives the broadcast error)."""
+    def heads(model):
+        cache = model._prepare_static_cache("static", batch_size=1, max_cache_len=16, prefill_chunk_size=4,
+                                            model_kwargs={})
+        return cache.layers[0].keys.shape[1]
+
+    shim.FIX.uninstall()
+    assert heads(tp_model(GATHERED_KV)) == 1
+    assert tp_model(GATHERED_KV, kv_heads=1)._get_static_cache_init_shape() is None  # 1 head: "can't split"
+    shim.FIX.install()
+    assert heads(tp_model(GATHERED_KV)) == 2
+    assert tp_model(GATHERED_KV, kv_heads=1)._get_static_cache_init_shape() == (1, 8)
+
+
+@affected_only
+def test_affected_off_switch_restores_the_original_behaviour(installed, fake_cuda_indexing, monkeypatch):
+    monkeypatch.setenv(patches.DISABLE_ENV, shim.FIX_ID)
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        generate_on_fake_cuda(tiny_qwen3())
+    assert tp_model(MLP_ONLY)._get_static_cache_init_shape() == (1, 8)
