@@ -1,0 +1,80 @@
+"""Device alignment for comfy-kitchen's rope family (``rms_rope*``, ``apply_rope*``).
+
+comfy-kitchen picks a backend per call from the devices of all tensor arguments. One CPU tensor among CUDA ones
+fails the fused backends' device check, so the call falls through to the eager backend, which does no device
+alignment and raises "Expected all tensors to be on the same device". The activations (``q``/``k``/``x``) decide
+where the call runs; the read-only operands (rotation table, RMSNorm scales) are small, so moving a stray one to the
+activations' device before routing lets the call reach the fast backend. Activations are never moved: the in-place
+variants must write into the caller's tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import torch
+
+ROPE_PREFIXES = ("rms_rope", "apply_rope")
+ACTIVATIONS = frozenset({"q", "k", "x", "xq", "xk"})
+OPERANDS = frozenset({"freqs_cis", "q_scale", "k_scale", "scale"})
+
+
+def rope_function_names(module) -> list[str]:
+    """The public rope functions of a comfy-kitchen module, by name."""
+    public = getattr(module, "__all__", None) or [name for name in vars(module) if not name.startswith("_")]
+    return sorted(name for name in public if name.startswith(ROPE_PREFIXES) and callable(getattr(module, name, None)))
+
+
+def operand_positions(fn: Callable) -> tuple[str, tuple[tuple[int, str], ...]]:
+    """``(anchor, ((index, name), ...))``: the activation that decides the device and where the movable operands sit.
+
+    Raises ValueError when the signature is not the one this alignment was written for (first parameter an
+    activation, at least one known operand, every other tensor parameter an activation).
+    """
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].name not in ACTIVATIONS:
+        raise ValueError(f"first parameter is {params[0].name if params else 'missing'!r}, "
+                         f"expected one of {sorted(ACTIVATIONS)}")
+    operands = tuple((index, p.name) for index, p in enumerate(params) if p.name in OPERANDS)
+    if not operands:
+        raise ValueError(f"none of {sorted(OPERANDS)} among its parameters")
+    unknown = [p.name for p in params if p.annotation in (torch.Tensor, "torch.Tensor")
+               and p.name not in ACTIVATIONS | OPERANDS]
+    if unknown:
+        raise ValueError(f"unknown tensor parameters {unknown}")
+    return params[0].name, operands
+
+
+def device_aligned(fn: Callable, on_align: Callable[[str, str, torch.device, torch.device], None] | None = None):
+    """``fn`` with every stray rope operand moved to the device of its first activation before the call.
+
+    When all operands already sit there the wrapper makes the very same call (same objects, nothing copied).
+    ``on_align(function_name, operand_name, from_device, to_device)`` is told about each move.
+    """
+    anchor, operands = operand_positions(fn)
+
+    @functools.wraps(fn)
+    def aligned(*args, **kwargs):
+        activation = args[0] if args else kwargs.get(anchor)
+        if not isinstance(activation, torch.Tensor):
+            return fn(*args, **kwargs)
+        device = activation.device
+        moved_args = None
+        for index, name in operands:
+            positional = index < len(args)
+            value = args[index] if positional else kwargs.get(name)
+            if not isinstance(value, torch.Tensor) or value.device == device:
+                continue
+            if on_align is not None:
+                on_align(fn.__name__, name, value.device, device)
+            if positional:
+                if moved_args is None:
+                    moved_args = list(args)
+                moved_args[index] = value.to(device)
+            else:
+                kwargs[name] = value.to(device)
+        return fn(*(args if moved_args is None else moved_args), **kwargs)
+
+    return aligned

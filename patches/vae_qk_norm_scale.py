@@ -1,0 +1,248 @@
+"""vae_qk_norm_scale: MiniMax H3 video VAE decode no longer crashes on a ``qk_norm_scale`` left on the CPU.
+
+Bug: the decoder's ``Attention`` owns a non-persistent buffer ``qk_norm_scale`` (a unit RMSNorm scale) and hands it
+as is to comfy-kitchen's fused ``rms_rope_split_half(_)``. ComfyUI's legacy loader moves only modules that own
+weights, so on any load that is not full (a partially offloaded VAE, ``--novram``/``--disable-dynamic-vram``, XPU,
+ROCm < 7.14) the buffer stays on the CPU while q/k are on the GPU; kitchen routes the call to its eager backend, which
+fails: "RuntimeError: Expected all tensors to be on the same device, but got weight is on cpu, different from other
+tensors on cuda:0 (when checking argument in method wrapper_CUDA___fused_rms_norm)".
+
+Upstream: Comfy-Org/ComfyUI #16390 (regression in 0.36.0, also 0.37.0), #16484 (closed), PR #16391 (open: moves the
+buffer with ``.to(query.device)`` at the call site, a host-to-device copy on every attention call).
+
+Applies to: ComfyUI cores whose ``comfy/ldm/minimax/vae.py`` has ``Attention.qk_norm_scale`` (0.36.0 on). 0.33.0's
+Attention has no such buffer (rms_norm, then ``apply_rope_split_half``): not applicable there.
+
+Detection (code structure): a tiny ``Attention`` is built on ``meta``; without a ``qk_norm_scale`` buffer the fix is not
+applicable. Otherwise ``Attention.forward``'s source is parsed: if ``self.qk_norm_scale`` (or a plain alias of it) is
+still passed into a call other than a device move (``.to``/``cast_to*``) the bug is present; if not, fixed upstream.
+
+Off switch: ``MINIMAX_HOTFIX_DISABLE=vae_qk_norm_scale``.
+
+How: attached by the pack's VAE loader and Apply node as an injection. After each load it puts one forward pre/post
+hook pair on the VAE's decoder (``ViT3DDecoder``). For the duration of a decoder call every buffer in it that is not on
+the input's device (each Attention's ``qk_norm_scale``, the rotary ``inv_freq``) is swapped for a resident copy on that
+device (kernels/resident_copies.py: made on the first call, reused while the buffer is the same unmodified tensor) and
+put back afterwards, so outside the call the modules hold exactly what ComfyUI left there: dynamic VRAM's buffer
+backups and restores and the legacy loader's partial loads see only their own tensors. No host-to-device copy per call
+after the first; a buffer already on the compute device is used as it is. Ejecting the model drops the copies.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import torch
+
+from ..kernels.resident_copies import HostToDeviceCopies, ResidentCopies
+from ._comfy import comfy_module
+from ._devices import fake_cuda_mode, on_fake_cuda, real_accelerator
+from ._fix import Check, Fix, State, Status, model_injection, set_injection
+from . import ck_rope_device
+from .ck_rope_device import real_kitchen_routing, red_check, rope_inputs
+
+FIX_ID = "vae_qk_norm_scale"
+BUFFER = "qk_norm_scale"
+VAE_MODULE = "comfy.ldm.minimax.vae"
+DEVICE_MOVES = frozenset({"to", "cast_to", "cast_to_input", "cast_to_device"})
+
+
+def hands_raw_buffer(function, attribute: str) -> bool:
+    """Whether ``function`` passes ``self.<attribute>``, or a local bound only to it, into a call that is not a
+    device move."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+
+    def is_attribute(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == attribute
+                and isinstance(node.value, ast.Name) and node.value.id == "self")
+
+    bindings: dict[str, list[bool]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    bindings.setdefault(target.id, []).append(is_attribute(node.value))
+    aliases = {name for name, raw in bindings.items() if all(raw)}
+
+    def is_raw(node) -> bool:
+        return is_attribute(node) or (isinstance(node, ast.Name) and node.id in aliases)
+
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if callee not in DEVICE_MOVES and any(is_raw(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
+            return True
+    return False
+
+
+def keep_buffers_on_input_device(module: torch.nn.Module, copies: ResidentCopies) -> list:
+    """Hooks giving every buffer under ``module`` the device of the module's first tensor input for the duration of
+    each call.
+
+    A stray buffer is swapped for its resident copy before the call and put back after it (also when the call
+    raises), so between calls the modules hold exactly the tensors the model loader put there. One hook pair on the
+    decoder instead of one per buffer owner keeps the cost per decoder call to a few microseconds.
+    """
+    slots = [(owner, name) for owner in module.modules() for name, b in owner._buffers.items() if b is not None]
+    displaced: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+
+    def swap_in(mod, args, kwargs):
+        device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if device is None:
+            return
+        for owner, name in slots:
+            buffer = owner._buffers.get(name)
+            if buffer is not None and buffer.device != device:
+                displaced.append((owner, name, buffer))
+                owner._buffers[name] = copies.on((owner, name), buffer, device)
+
+    def put_back(mod, args, kwargs, output):
+        for owner, name, buffer in displaced:
+            owner._buffers[name] = buffer
+        displaced.clear()
+
+    return [module.register_forward_pre_hook(swap_in, with_kwargs=True),
+            module.register_forward_hook(put_back, with_kwargs=True, always_call=True)]
+
+
+class DropCopies:
+    """A handle whose ``remove()`` frees the resident copies (on eject, when ComfyUI unloads the model)."""
+
+    def __init__(self, copies: ResidentCopies):
+        self.copies = copies
+
+    def remove(self) -> None:
+        self.copies.clear()
+
+
+def decoders(model: torch.nn.Module, vae) -> list[torch.nn.Module]:
+    """The MiniMax video decoders in ``model`` (the model itself when it is one)."""
+    return [m for m in model.modules() if isinstance(m, vae.ViT3DDecoder)]
+
+
+def install_on(modules) -> list:
+    copies = ResidentCopies()
+    return [handle for m in modules for handle in keep_buffers_on_input_device(m, copies)] + [DropCopies(copies)]
+
+
+class UnitScaleRmsRope(torch.nn.Module):
+    """The self-test's stand-in for the VAE's Attention around the bug: owns no weights, only a non-persistent unit
+    RMSNorm scale, which it hands as is to kitchen's fused rms+rope."""
+
+    def __init__(self, head_dim: int, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer(BUFFER, torch.ones(head_dim, dtype=dtype), persistent=False)
+
+    def forward(self, q, k, table):
+        import comfy_kitchen
+
+        # unwrapped: with ck_rope_device installed in this process the kitchen call would align the buffer itself
+        kernel = ck_rope_device.FIX.original(comfy_kitchen, "rms_rope_split_half")
+        return kernel(q, k, table, self.qk_norm_scale, rot_dim=table.shape[-3] * 2)
+
+
+class VaeQkNormScale(Fix):
+    id = FIX_ID
+    title = "MiniMax H3 video VAE: qk_norm_scale on the compute device under partial offload (no per-call copy)"
+    targets = ("vae",)
+    upstream = "Comfy-Org/ComfyUI#16390, #16484; PR #16391"
+
+    def detect(self) -> Status:
+        vae = comfy_module(VAE_MODULE)
+        if vae is None:
+            return Status(State.NOT_APPLICABLE, "ComfyUI's MiniMax H3 video VAE (comfy.ldm.minimax.vae) is not "
+                                                "importable here")
+        attention = getattr(vae, "Attention", None)
+        if attention is None or not hasattr(vae, "ViT3DDecoder"):
+            return Status(State.DISABLED, "comfy.ldm.minimax.vae has no Attention or ViT3DDecoder class: the VAE "
+                                          "changed, fix left off")
+        try:
+            with torch.device("meta"):
+                buffers = dict(attention(heads=1, dim_head=32).named_buffers())
+        except Exception as exc:
+            return Status(State.DISABLED, f"Attention(heads=, dim_head=) cannot be built ({type(exc).__name__}: "
+                                          f"{exc}): the VAE changed, fix left off")
+        if BUFFER not in buffers:
+            return Status(State.NOT_APPLICABLE, "this VAE's Attention has no qk_norm_scale buffer (rms_norm, then "
+                                                "apply_rope: ComfyUI before 0.36)")
+        try:
+            raw = hands_raw_buffer(attention.forward, BUFFER)
+        except (OSError, TypeError, SyntaxError) as exc:
+            return Status(State.DISABLED, f"Attention.forward's source cannot be read ({exc}); fix left off")
+        if not raw:
+            return Status(State.FIXED_UPSTREAM, "Attention.forward no longer hands qk_norm_scale to the kernel as is")
+        return Status(State.APPLIED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
+                                     "that is not full leaves it on the CPU")
+
+    def install(self, model) -> list:
+        found = decoders(model, comfy_module(VAE_MODULE))
+        return install_on(found) if found else []
+
+    def attach(self, patcher, key: str) -> None:
+        set_injection(patcher, key, model_injection(self.install))
+
+    def self_test(self):
+        """The stand-in module with q/k/table on the device and its buffer left on the CPU: without hooks (red) and
+        with them (green: runs, routed like the all-on-device call, equal to it on a real device, the buffer is back
+        after each call and no host-to-device copy follows the first call)."""
+        device = real_accelerator()
+        if device is not None:
+            return real_device_checks(device)
+        return fake_cuda_checks()
+
+
+def real_device_checks(device) -> list[Check]:
+    q, k, table, _ = rope_inputs(lambda t: t.to(device))
+    module = UnitScaleRmsRope(q.shape[-1], q.dtype)
+    left_behind = module.qk_norm_scale
+    checks = [red_check(lambda: module(q, k, table), f"qk_norm_scale on cpu, q/k on {device}")]
+    with torch.no_grad():
+        reference = UnitScaleRmsRope(q.shape[-1], q.dtype).to(device)(q, k, table)
+        handles = install_on([module])
+        try:
+            fixed = module(q, k, table)
+            with HostToDeviceCopies() as later_copies:
+                for _ in range(3):
+                    module(q, k, table)
+        finally:
+            for handle in handles:
+                handle.remove()
+    checks.append(Check("green: with the fix the decode step equals the all-on-device one",
+                        all(torch.equal(a, b) for a, b in zip(fixed, reference))))
+    checks.append(bookkeeping_check(module, left_behind, len(later_copies)))
+    return checks
+
+
+def fake_cuda_checks() -> list[Check]:
+    with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
+        q, k, table, _ = rope_inputs(lambda t: on_fake_cuda(mode, t))
+        module = UnitScaleRmsRope(q.shape[-1], q.dtype)
+        left_behind = module.qk_norm_scale
+        red = red_check(lambda: module(q, k, table), "FakeTensor cuda q/k, qk_norm_scale on cpu")
+        red_route = chosen[-1]
+        handles = install_on([module])
+        try:
+            module(q, k, table)
+            fixed_route = chosen[-1]
+            with HostToDeviceCopies() as later_copies:
+                for _ in range(3):
+                    module(q, k, table)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return [red, Check("green: with the fix the call is routed to the fast backend", red_route == "eager"
+                       and fixed_route == "cuda", f"routes: without {red_route}, with {fixed_route}"),
+            bookkeeping_check(module, left_behind, len(later_copies))]
+
+
+def bookkeeping_check(module, left_behind, later_copies: int) -> Check:
+    return Check("green: the loader's own buffer is back after each call; no host-to-device copy after the first",
+                 module.qk_norm_scale is left_behind and later_copies == 0,
+                 f"{later_copies} copies in 3 later calls")
+
+
+FIX = VaeQkNormScale()

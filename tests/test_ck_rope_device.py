@@ -1,0 +1,183 @@
+"""ck_rope_device: a stray CPU scale/table no longer sends comfy-kitchen's rope calls to the failing eager backend.
+
+Routing is kitchen's own (``BackendRegistry.get_capable_backend`` with the eager backend's and the real CUDA backend's
+constraints, see ``real_kitchen_routing``) on FakeTensor "cuda" q/k; values are compared on the CPU, the only device
+here that holds data.
+"""
+
+import functools
+import logging
+import sys
+
+import comfy_kitchen
+import pytest
+import torch
+
+from minimax_hotfix import patches
+from minimax_hotfix.kernels.rope_device import device_aligned, operand_positions, rope_function_names
+from minimax_hotfix.patches import ck_rope_device
+from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
+from minimax_hotfix.patches._fix import State
+
+FIX = ck_rope_device.FIX
+ROPE_NAMES = rope_function_names(comfy_kitchen)
+# FakeTensor pitfalls (docs: library-internals §1d): kitchen's in-place overlap check reads data_ptr() (0 for every
+# fake tensor) and the interleaved eager rope indexes in Python (needs a CUDA device guard), so in eager these raise
+# before reaching the device check. Routing to eager is the red control for them; the others give the device error.
+REACHES_DEVICE_CHECK_IN_EAGER = {"rms_rope", "rms_rope1", "rms_rope_split_half", "rms_rope_split_half1",
+                                 "apply_rope_split_half", "apply_rope_split_half1", "apply_rope_split_half1_"}
+
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+
+
+def call_inputs(name, place):
+    """Positional activations and keyword operands for the kitchen function ``name``; activations through ``place``,
+    operands on the CPU, shaped for the fused CUDA kernel (bf16, head_dim 64, full-width rotation table)."""
+    generator = torch.Generator().manual_seed(0)
+    sample = lambda *shape: torch.randn(*shape, generator=generator).to(torch.bfloat16)  # noqa: E731
+    q, k, table = sample(1, 8, 2, 64), sample(1, 8, 2, 64), sample(1, 8, 1, 32, 2, 2)
+    _, operands = operand_positions(getattr(comfy_kitchen, name))
+    first_operand = operands[0][0]
+    activations = [place(q), place(k)][:first_operand]
+    values = {"freqs_cis": table, "q_scale": torch.ones(64, dtype=torch.bfloat16), "k_scale": None,
+              "scale": torch.ones(64, dtype=torch.bfloat16)}
+    return activations, {operand: values[operand] for _, operand in operands}
+
+
+@pytest.fixture
+def restore_kitchen():
+    originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
+    yield
+    FIX.uninstall()
+    for name, original in originals.items():
+        setattr(comfy_kitchen, name, original)
+
+
+@pytest.mark.parametrize("name", ROPE_NAMES)
+def test_stray_cpu_operand_goes_to_eager_and_fails_aligned_goes_to_cuda(name, caplog):
+    caplog.set_level(logging.DEBUG, logger="comfy_kitchen.dispatch")
+    kernel = getattr(comfy_kitchen, name)
+    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing() as chosen:
+        place = lambda t: on_fake_cuda(mode, t)  # noqa: E731
+        activations, cpu_operands = call_inputs(name, place)
+        stray = "freqs_cis" if name.startswith("apply") else next(n for n in ("q_scale", "scale") if n in cpu_operands)
+        on_device = {n: (place(v) if v is not None else None) for n, v in cpu_operands.items()}
+        kernel(*activations, **on_device)
+        reference_route = chosen[-1]
+        left_behind = {**on_device, stray: cpu_operands[stray]}
+        with pytest.raises(Exception) as red:
+            kernel(*activations, **left_behind)
+        red_route = chosen[-1]
+        caplog.clear()
+        device_aligned(kernel)(*activations, **left_behind)
+    assert (reference_route, red_route, chosen[-1]) == ("cuda", "eager", "cuda")
+    assert f"Backend cuda selected for {name}" in caplog.text
+    if name in REACHES_DEVICE_CHECK_IN_EAGER:
+        assert ck_rope_device.is_device_mismatch(red.value), red.value
+        assert "Expected all tensors to be on the same device" in str(red.value)
+
+
+def test_the_kernel_receives_the_callers_activations_and_the_operand_on_their_device():
+    seen = []
+    kernel = comfy_kitchen.rms_rope_split_half
+
+    @functools.wraps(kernel)
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return kernel(*args, **kwargs)
+
+    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing():
+        q, k, table, scale = ck_rope_device.rope_inputs(lambda t: on_fake_cuda(mode, t))
+        device_aligned(spy)(q, k, table, scale, epsilon=1e-5, rot_dim=32)
+    (args, kwargs), = seen
+    assert args[0] is q and args[1] is k and args[2] is table
+    assert args[3].device == q.device and args[3].dtype == scale.dtype and args[3].shape == scale.shape
+    assert kwargs == {"epsilon": 1e-5, "rot_dim": 32}
+
+
+@pytest.mark.parametrize("name", ROPE_NAMES)
+def test_devices_agreeing_the_very_same_call_is_made_and_values_are_unchanged(name):
+    kernel = getattr(comfy_kitchen, name)
+    seen = []
+
+    @functools.wraps(kernel)
+    def spy(*args, **kwargs):
+        seen.append((args, kwargs))
+        return kernel(*args, **kwargs)
+
+    activations, operands = call_inputs(name, lambda t: t.float())
+    operands = {n: (v.float() if v is not None else None) for n, v in operands.items()}
+    expected = kernel(*[a.clone() for a in activations], **operands)
+    got = device_aligned(spy)(*activations, **operands)
+    (args, kwargs), = seen
+    assert all(a is b for a, b in zip(args, activations)) and all(kwargs[n] is v for n, v in operands.items())
+    expected, got = (expected, got) if isinstance(got, tuple) else ((expected,), (got,))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_install_wraps_every_rope_function_once_and_uninstall_restores_them(restore_kitchen, caplog):
+    originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
+    FIX.install()
+    wrapped = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
+    FIX.install()
+    assert all(getattr(comfy_kitchen, name) is wrapped[name] for name in ROPE_NAMES)
+    assert all(wrapped[name] is not originals[name] and wrapped[name].__wrapped__ is originals[name]
+               for name in ROPE_NAMES)
+
+    caplog.set_level(logging.INFO, logger="minimax_hotfix")
+    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing() as chosen:
+        q, k, table, scale = ck_rope_device.rope_inputs(lambda t: on_fake_cuda(mode, t))
+        for _ in range(2):
+            comfy_kitchen.rms_rope_split_half_(q, k, table, scale, rot_dim=32)  # as comfy.quant_ops.ck.<name>
+    assert chosen == ["cuda", "cuda"]
+    assert caplog.text.count("moved q_scale from cpu to cuda:0 for comfy_kitchen.rms_rope_split_half_") == 1
+
+    FIX.uninstall()
+    assert all(getattr(comfy_kitchen, name) is originals[name] for name in ROPE_NAMES)
+
+
+def test_off_switch_keeps_kitchen_untouched(restore_kitchen, monkeypatch):
+    originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
+    monkeypatch.setenv(patches.DISABLE_ENV, FIX.id)
+    assert patches.status(FIX).state == State.DISABLED
+    try:
+        assert FIX.id not in patches.install_process_fixes()
+        assert all(getattr(comfy_kitchen, name) is originals[name] for name in ROPE_NAMES)
+    finally:
+        patches.uninstall_process_fixes()
+
+
+@pytest.fixture
+def fresh_detection():
+    patches.forget_detection()
+    yield
+    patches.forget_detection()
+
+
+def test_detects_the_bug_in_this_kitchen(fresh_detection):
+    assert patches.status(FIX).state == State.APPLIED
+
+
+def test_detects_a_kitchen_whose_eager_rope_aligns_itself(fresh_detection, monkeypatch):
+    from comfy_kitchen.backends import eager
+
+    unaligned = eager.rms_rope1
+    monkeypatch.setattr(eager, "rms_rope1", lambda x, freqs_cis, scale, epsilon=1e-6:
+                        unaligned(x, freqs_cis.to(x.device), scale.to(x.device), epsilon))
+    assert patches.status(FIX).state == State.FIXED_UPSTREAM
+
+
+def test_disables_itself_when_a_rope_signature_drifted(fresh_detection, monkeypatch):
+    monkeypatch.setattr(comfy_kitchen, "rms_rope1", lambda x, freqs, weight, eps=1e-6: None)
+    status = patches.status(FIX)
+    assert status.state == State.DISABLED and "rms_rope1" in status.reason
+
+
+def test_not_applicable_without_kitchen(fresh_detection, monkeypatch):
+    monkeypatch.setitem(sys.modules, "comfy_kitchen", None)
+    assert patches.status(FIX).state == State.NOT_APPLICABLE
+
+
+def test_self_test_red_then_green():
+    checks = list(FIX.self_test())
+    assert checks[0].name.startswith("red:") and all(check.passed for check in checks), checks

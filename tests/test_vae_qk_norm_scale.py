@@ -1,0 +1,325 @@
+"""vae_qk_norm_scale: the MiniMax H3 video VAE decodes with its qk_norm_scale left behind by a partial load, with no
+host-to-device copy per call after the first, and ComfyUI's buffer bookkeeping only ever sees its own tensors.
+
+Without COMFYUI_PATH the hooks are tested on the self-test's stand-in module (the shape of the VAE's Attention around
+the bug) with FakeTensor "cuda" inputs and kitchen's real routing. With COMFYUI_PATH pointing at a ComfyUI whose VAE
+has ``qk_norm_scale`` (0.36+, or 0.33.0 with a newer vae.py overlaid), a tiny decoder built from the real classes is
+loaded through a real ModelPatcher onto ``meta`` (the stand-in GPU: Python indexing in the decoder rules out FakeTensor
+"cuda" there) with a budget that leaves the buffer on the CPU.
+"""
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minimax_hotfix import patches
+from minimax_hotfix.kernels.resident_copies import HostToDeviceCopies, ResidentCopies
+from minimax_hotfix.patches import vae_qk_norm_scale
+from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
+from minimax_hotfix.patches._fix import State
+from minimax_hotfix.patches.ck_rope_device import is_device_mismatch, real_kitchen_routing, rope_inputs
+
+FIX = vae_qk_norm_scale.FIX
+
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+
+
+# --- detection of the call site --------------------------------------------------------------------------------------
+
+class RawBuffer(torch.nn.Module):  # the 0.36/0.37 call site
+    def forward(self, query, key, table):
+        return rms_rope(query, key, table, self.qk_norm_scale, epsilon=1e-5)  # noqa: F821
+
+
+class CallSiteMove(torch.nn.Module):  # PR #16391
+    def forward(self, query, key, table):
+        return rms_rope(query, key, table, self.qk_norm_scale.to(query.device), epsilon=1e-5)  # noqa: F821
+
+
+class SeedWorkaround(torch.nn.Module):  # the workaround verified in #16484
+    def forward(self, query, key, table):
+        scale = self.qk_norm_scale
+        if scale.device != query.device:
+            scale = scale.to(query.device)
+        return rms_rope(query, key, table, scale)  # noqa: F821
+
+
+class RawAlias(torch.nn.Module):
+    def forward(self, query, key, table):
+        scale = self.qk_norm_scale
+        return rms_rope(query, key, table, q_scale=scale)  # noqa: F821
+
+
+@pytest.mark.parametrize("module, raw", [(RawBuffer, True), (CallSiteMove, False), (SeedWorkaround, False),
+                                         (RawAlias, True)])
+def test_call_site_reading(module, raw):
+    assert vae_qk_norm_scale.hands_raw_buffer(module.forward, "qk_norm_scale") is raw
+
+
+# --- the hooks on the stand-in module ---------------------------------------------------------------------------------
+
+class CallSiteFixed(vae_qk_norm_scale.UnitScaleRmsRope):
+    """What upstream PR #16391 does: move the buffer at the call site, on every call."""
+
+    def forward(self, q, k, table):
+        import comfy_kitchen
+
+        return comfy_kitchen.rms_rope_split_half(q, k, table, self.qk_norm_scale.to(q.device), rot_dim=32)
+
+
+def fake_cuda_calls(module, hooked, calls=4):
+    """Runs ``module`` ``calls`` times on FakeTensor cuda q/k/table; returns (routes, H2D copies per call, error)."""
+    with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
+        q, k, table, _ = rope_inputs(lambda t: on_fake_cuda(mode, t))
+        handles = vae_qk_norm_scale.install_on([module]) if hooked else []
+        copies = []
+        try:
+            for _ in range(calls):
+                with HostToDeviceCopies() as counted:
+                    module(q, k, table)
+                copies.append(len(counted))
+        except RuntimeError as exc:
+            return chosen, copies, exc
+        finally:
+            for handle in handles:
+                handle.remove()
+    return chosen, copies, None
+
+
+def test_red_buffer_left_on_cpu_fails_in_eager():
+    chosen, _, error = fake_cuda_calls(vae_qk_norm_scale.UnitScaleRmsRope(64, torch.bfloat16), hooked=False)
+    assert chosen == ["eager"] and is_device_mismatch(error)
+    assert "Expected all tensors to be on the same device" in str(error)
+
+
+def test_green_hooked_module_is_routed_to_cuda_and_copies_only_on_the_first_call():
+    module = vae_qk_norm_scale.UnitScaleRmsRope(64, torch.bfloat16)
+    left_behind = module.qk_norm_scale
+    chosen, copies, error = fake_cuda_calls(module, hooked=True)
+    assert error is None and chosen == ["cuda"] * 4
+    assert copies == [1, 0, 0, 0]
+    assert module.qk_norm_scale is left_behind and not module._forward_pre_hooks and not module._forward_hooks
+
+
+def test_the_upstream_call_site_fix_copies_on_every_call():
+    chosen, copies, error = fake_cuda_calls(CallSiteFixed(64, torch.bfloat16), hooked=False)
+    assert error is None and chosen == ["cuda"] * 4 and copies == [1, 1, 1, 1]
+
+
+def test_values_with_the_hooks_equal_the_unhooked_module_on_one_device():
+    q, k, table, _ = rope_inputs(lambda t: t.float())
+    module = vae_qk_norm_scale.UnitScaleRmsRope(64, torch.float32)
+    expected = module(q, k, table)
+    handles = vae_qk_norm_scale.install_on([module])
+    got = module(q, k, table)
+    for handle in handles:
+        handle.remove()
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+class Raises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("qk_norm_scale", torch.ones(4), persistent=False)
+
+    def forward(self, x):
+        assert self.qk_norm_scale.device == x.device
+        raise RuntimeError("boom")
+
+
+def test_the_loaders_buffer_is_put_back_when_forward_raises():
+    module = Raises()
+    left_behind = module.qk_norm_scale
+    with fake_cuda_mode() as mode:
+        x = on_fake_cuda(mode, torch.zeros(4))
+        vae_qk_norm_scale.install_on([module])
+        with pytest.raises(RuntimeError, match="boom"):
+            module(x)
+    assert module.qk_norm_scale is left_behind
+
+
+def test_follows_comfyui_moving_and_restoring_the_buffer():
+    """Dynamic VRAM moves every buffer to the GPU keeping a backup and may put the backup back later; the legacy loader
+    leaves it behind. The hooks use whatever is there and copy a CPU buffer once per tensor version."""
+    copies = ResidentCopies()
+    seen = []
+
+    class Records(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("qk_norm_scale", torch.ones(4), persistent=False)
+
+        def forward(self, x):
+            seen.append(self.qk_norm_scale)
+            return x
+
+    module = Records()
+    backup = module.qk_norm_scale
+    with fake_cuda_mode() as mode:
+        x = on_fake_cuda(mode, torch.zeros(4))
+        vae_qk_norm_scale.keep_buffers_on_input_device(module, copies)
+
+        def call():
+            with HostToDeviceCopies() as counted:
+                module(x)
+            return len(counted)
+
+        assert call() == 1 and call() == 0  # left behind by a partial load
+        loaded_by_comfyui = backup.to(x.device)
+        module.qk_norm_scale = loaded_by_comfyui  # ModelPatcherDynamic.load
+        assert call() == 0 and seen[-1] is loaded_by_comfyui and module.qk_norm_scale is loaded_by_comfyui
+        module.qk_norm_scale = backup  # restore_loaded_backups
+        assert call() == 0 and seen[-1] is seen[0]
+        backup.mul_(2)  # changed in place: copied again, once
+        assert call() == 1 and call() == 0
+        module.qk_norm_scale = torch.ones(4)  # replaced: copied again, once
+        assert call() == 1 and call() == 0
+    assert all(tensor.device == x.device for tensor in seen)
+
+
+def test_self_test_red_then_green():
+    checks = list(FIX.self_test())
+    assert checks[0].name.startswith("red:") and all(check.passed for check in checks), checks
+
+
+def test_not_applicable_without_comfyui():
+    if vae_qk_norm_scale.comfy_module(vae_qk_norm_scale.VAE_MODULE) is not None:
+        pytest.skip("ComfyUI is importable in this run; its detection is tested below")
+    patches.forget_detection()
+    assert patches.status(FIX).state == State.NOT_APPLICABLE
+
+
+# --- a real ComfyUI: COMFYUI_PATH ------------------------------------------------------------------------------------
+
+def expected_state_from_source(path: Path) -> State:
+    source = path.read_text(encoding="utf-8")
+    if "qk_norm_scale" not in source:
+        return State.NOT_APPLICABLE
+    if "rotary_pos_emb, self.qk_norm_scale," in source:
+        return State.APPLIED
+    return State.FIXED_UPSTREAM
+
+
+def test_detection_on_the_running_comfyui(comfyui):
+    patches.forget_detection()
+    expected = expected_state_from_source(Path(comfyui) / "comfy" / "ldm" / "minimax" / "vae.py")
+    assert patches.status(FIX).state == expected
+
+
+def newer_linear_input_act(linear, x, input_act, act_weight=None, act_eps=0.0, residual=None, residual_scale=None):
+    """Eager stand-in for the newer ``comfy.ops.linear_input_act`` (rms_norm/swiglu input, fused residual) for a
+    0.33.0 core with a newer vae.py overlaid; only used where the running ComfyUI lacks that form."""
+    import comfy.ops
+
+    if input_act == "rms_norm":
+        x = F.rms_norm(x, (x.shape[-1],), weight=comfy.ops.cast_to_input(act_weight, x), eps=act_eps)
+    elif input_act == "swiglu":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    out = linear(x)
+    return out if residual is None else residual.addcmul(out, residual_scale)
+
+
+@pytest.fixture
+def vae(comfyui, monkeypatch):
+    """comfy.ldm.minimax.vae of the running ComfyUI, made to run on CPU/meta."""
+    import comfy.ldm.modules.attention
+    import comfy.ops
+    from comfy.ldm.minimax import vae
+
+    if "qk_norm_scale" not in dict(vae.Attention(heads=1, dim_head=32).named_buffers()):
+        pytest.skip("this ComfyUI's Attention has no qk_norm_scale (0.33.0): the stand-in module tests above ran "
+                    "instead")
+    if "residual" not in inspect.signature(comfy.ops.linear_input_act).parameters:
+        monkeypatch.setattr(comfy.ops, "linear_input_act", newer_linear_input_act)
+    # sub-quadratic attention (CPU default) asks the device's free memory, which meta has not
+    monkeypatch.setattr(vae, "optimized_attention", comfy.ldm.modules.attention.attention_pytorch)
+    return vae
+
+
+def tiny_decoder(vae):
+    torch.manual_seed(0)
+    decoder = vae.ViT3DDecoder(patch_size=2, patch_size_t=1, in_channels=4, out_channels=3, num_layers=2, heads=2,
+                               dim_head=32)
+    for parameter in decoder.parameters():
+        torch.nn.init.normal_(parameter, std=0.05)
+    return decoder
+
+
+def decode_h2d(decoder, latent, buffers):
+    """Decodes once; returns the host-to-device copies of model buffers it made."""
+    with HostToDeviceCopies() as counted:
+        decoder(latent)
+    return sum(any(source is b for b in buffers) for source in counted.sources)
+
+
+def partially_loaded(vae, with_fix):
+    """A tiny decoder loaded onto meta through ModelPatcher with half its size as budget (a partial load)."""
+    import comfy.model_management
+    from comfy.model_patcher import ModelPatcher
+
+    decoder = tiny_decoder(vae)
+    patcher = ModelPatcher(decoder, load_device=torch.device("meta"), offload_device=torch.device("cpu"))
+    if with_fix:
+        FIX.attach(patcher, patches.key_for(FIX))
+    patcher.patch_model(device_to=torch.device("meta"),
+                        lowvram_model_memory=comfy.model_management.module_size(decoder) // 2)
+    assert decoder.model_lowvram and {p.device.type for p in decoder.parameters()} == {"meta", "cpu"}
+    assert all(b.device.type == "cpu" for _, b in decoder.named_buffers())  # the buffers are left behind
+    return decoder, patcher
+
+
+def test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it(vae):
+    patches.forget_detection()
+    if patches.status(FIX).state != State.APPLIED:
+        pytest.skip(f"this ComfyUI's VAE is {patches.status(FIX).state.value}: the bug does not reproduce")
+    latent = torch.randn(1, 4, 2, 2, 2, device="meta")
+    # grad on: the functional rms_rope (the in-place one trips kitchen's overlap check on data-less meta tensors)
+    with torch.enable_grad(), real_kitchen_routing() as chosen:
+        decoder, _ = partially_loaded(vae, with_fix=False)
+        with pytest.raises(RuntimeError) as red:
+            decoder(latent)
+        assert is_device_mismatch(red.value) and chosen == ["eager"]
+        assert any(entry.name == "_rms_rope1" for entry in red.traceback)  # kitchen's eager rms_norm(weight=scale)
+
+        decoder, patcher = partially_loaded(vae, with_fix=True)
+        attention = decoder.transformer_blocks[0].attn
+        left_behind = attention.qk_norm_scale
+        buffers = [b for _, b in decoder.named_buffers()]
+        first = decode_h2d(decoder, latent, buffers)
+        later = [decode_h2d(decoder, latent, buffers) for _ in range(3)]
+        assert attention.qk_norm_scale is left_behind
+        patcher.eject_model()
+    assert first == len(buffers) and later == [0, 0, 0]  # each buffer copied once, on the first decode
+    assert chosen[1:] == ["eager"] * (2 * 4)  # meta fails the CUDA constraints either way; the fix makes eager run
+    assert not decoder._forward_pre_hooks and not decoder._forward_hooks  # ejected
+
+
+def test_fully_resident_decode_is_bitwise_unchanged(vae):
+    from comfy.model_patcher import ModelPatcher
+
+    decoder = tiny_decoder(vae)
+    latent = torch.randn(1, 4, 2, 3, 3)
+    with torch.no_grad():
+        expected = decoder(latent)
+        patcher = ModelPatcher(decoder, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
+        FIX.attach(patcher, patches.key_for(FIX))
+        patcher.patch_model(device_to=torch.device("cpu"))
+        assert decoder._forward_pre_hooks  # injected on load
+        got = decoder(latent)
+        patcher.unpatch_model(torch.device("cpu"))
+    assert torch.equal(got, expected)
+
+
+def test_install_hooks_the_decoder_of_the_real_vae(vae):
+    with torch.device("meta"):
+        model = vae.MiniMaxH3VideoVAE()
+    handles = FIX.install(model)
+    assert model.decoder._forward_pre_hooks and model.decoder._forward_hooks
+    assert not any(m._forward_pre_hooks for m in model.modules() if m is not model.decoder)
+    for handle in handles:
+        handle.remove()
+    assert not model.decoder._forward_pre_hooks and not model.decoder._forward_hooks
