@@ -66,22 +66,30 @@ def disabled_ids() -> set[str]:
 
 
 def status(fix: Fix) -> Status:
-    """The fix's state for this process. Detection runs once; the off switch is checked every time."""
+    """The fix's state for this process. Detection runs once (until final, for provisional answers); the off
+    switch is checked every time."""
     switched_off = disabled_ids()
     if fix.id in switched_off or "all" in switched_off:
         return Status(State.DISABLED, f"switched off by {DISABLE_ENV}")
     with _lock:
-        if fix.id not in _detected:
-            try:
-                found = fix.detect()
-            except Exception as exc:
-                found = Status(State.DISABLED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
-                log.warning("MiniMax Hotfix: %s: %s", fix.id, found.reason)
-            else:
-                level = logging.WARNING if found.state == State.DISABLED else logging.INFO
-                log.log(level, "MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
-            _detected[fix.id] = found
-        return _detected[fix.id]
+        known = _detected.get(fix.id)
+        if known is not None and not known.provisional:
+            return known
+        try:
+            found = fix.detect()
+        except Exception as exc:
+            found = Status(State.DISABLED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
+        if found != known:
+            _log_status(fix, found)
+        _detected[fix.id] = found
+        return found
+
+
+def _log_status(fix: Fix, found: Status) -> None:
+    if found.state == State.DISABLED:
+        log.warning("MiniMax Hotfix: %s: %s", fix.id, found.reason)
+    else:
+        log.info("MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
 
 
 def forget_detection() -> None:

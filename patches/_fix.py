@@ -27,8 +27,11 @@ class State(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Status:
+    """``provisional``: the fix can only tell for sure later (e.g. on first use); the registry asks again."""
+
     state: State
     reason: str
+    provisional: bool = False
 
 
 @dataclass(frozen=True)

@@ -359,7 +359,7 @@ class TransformersStaticCacheFix(Fix):
             return _verdict.combined()
         return Status(State.APPLIED, f"transformers {_transformers_version()}: pass-through guard installed; its "
                                      "first generate() probes the real code once and repairs only what is broken "
-                                     "(the doctor's self-test shows the verdict)")
+                                     "(the doctor's self-test shows the verdict)", provisional=True)
 
     def install(self) -> None:
         global _import_hook

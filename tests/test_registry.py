@@ -213,3 +213,32 @@ def test_the_off_switch_disables_a_fix_without_detecting_it(monkeypatch, registr
     assert patches.status(good).state is State.DISABLED
     monkeypatch.delenv(patches.DISABLE_ENV)
     assert patches.status(good).state is State.APPLIED
+
+
+class ProvisionalFix(CountingFix):
+    """Can only tell on first use (as the transformers shim): provisional until then."""
+
+    id = "test_provisional"
+
+    def __init__(self):
+        super().__init__()
+        self.verdict = None
+        self.detections = 0
+
+    def detect(self):
+        self.detections += 1
+        return self.verdict or Status(State.APPLIED, "guard installed", provisional=True)
+
+
+def test_a_provisional_status_is_asked_again_until_final(registry, caplog):
+    (fix,) = registry(ProvisionalFix())
+    with caplog.at_level(logging.INFO, logger="minimax_hotfix"):
+        assert patches.status(fix).reason == patches.status(fix).reason == "guard installed"
+        fix.verdict = Status(State.FIXED_UPSTREAM, "probed on first use")
+        assert patches.status(fix) == fix.verdict
+        patches.status(fix)
+    assert fix.detections == 3  # asked while provisional, then never again
+    assert [r.getMessage() for r in caplog.records] == [
+        "MiniMax Hotfix: test_provisional: applied (guard installed)",
+        "MiniMax Hotfix: test_provisional: fixed upstream (probed on first use)",
+    ]
