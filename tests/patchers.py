@@ -4,6 +4,8 @@ semantics are pinned against the real class by running the same tests on both.""
 
 from __future__ import annotations
 
+import torch
+
 
 class StandInPatcher:
     """Keyed injections, injected after a load and ejected on unload, copied by clone();
@@ -11,6 +13,7 @@ class StandInPatcher:
 
     def __init__(self, model):
         self.model = model
+        self.load_device = torch.device("cpu")
         self.injections: dict[str, list] = {}
         self.is_injected = False
         self.cached_patcher_init = None

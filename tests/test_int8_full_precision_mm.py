@@ -217,7 +217,6 @@ class ComfyCore(Core):
 def core(request, monkeypatch):
     if request.param == "stand-in":
         use_modules(monkeypatch, standin_core())
-        monkeypatch.setattr(StandInPatcher, "load_device", torch.device("cpu"), raising=False)  # as ModelPatcher's
         the_core = Core("stand-in", sys.modules)
     else:
         request.getfixturevalue("comfyui")
