@@ -1,0 +1,161 @@
+"""Tensor helpers for the Qwen3-VL vision pos-embed fixes (``patches/qwen3vl_pos_embed.py`` for ComfyUI's tower,
+``patches/transformers_qwen3vl_pos_embed.py`` for transformers'). Pure torch: no ComfyUI or transformers imports.
+
+* ``track_compute_device`` / ``compute_device`` (``computing_on`` for tests): the device a module computes on,
+  recorded per call. It lives in a ContextVar frame that the module's own forward opens and closes, so two jobs
+  in two threads (each thread has its own context) never see each other's device, and nothing is stored on the
+  shared module.
+* ``interpolated_position_table``: the bilinear resampling of the square learned position table to each image's
+  patch grid, computed on a device the caller chooses, with the same float operations as the towers' own method.
+* ``gather_rows``: an embedding lookup whose weight lives on another device than its result is needed on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Callable
+
+import torch
+
+_calls: contextvars.ContextVar[tuple] = contextvars.ContextVar("minimax_hotfix_qwen3vl_calls", default=())
+
+
+class _Call:
+    """One forward call of one module in the current thread: the device its activations are on."""
+
+    __slots__ = ("owner", "device")
+
+    def __init__(self, owner, device: torch.device | None):
+        self.owner, self.device = owner, device
+
+
+def _current_call(owner) -> _Call | None:
+    for call in reversed(_calls.get()):
+        if call.owner is owner:
+            return call
+    return None
+
+
+def compute_device(owner) -> torch.device | None:
+    """The device ``owner``'s forward call in progress in this thread computes on; None outside such a call."""
+    call = _current_call(owner)
+    return None if call is None else call.device
+
+
+def _open_call(owner, device: torch.device | None) -> None:
+    _calls.set(_calls.get() + (_Call(owner, device),))
+
+
+def _close_call(owner) -> None:
+    calls = _calls.get()
+    for i in range(len(calls) - 1, -1, -1):
+        if calls[i].owner is owner:
+            _calls.set(calls[:i] + calls[i + 1:])
+            return
+
+
+@contextlib.contextmanager
+def computing_on(owner, device: torch.device):
+    """``compute_device(owner)`` answers ``device`` inside this block (what ``owner``'s tracked forward does)."""
+    _open_call(owner, device)
+    try:
+        yield
+    finally:
+        _close_call(owner)
+
+
+def track_compute_device(module: torch.nn.Module, input_name: str, refine_from: torch.nn.Module | None = None) -> list:
+    """Hooks that make ``compute_device(module)`` answer during each of ``module``'s forward calls.
+
+    The device is the one of the forward's first input (positional, or the keyword ``input_name``; None if the
+    call passes neither, and then the patched code keeps its stock behaviour). When ``refine_from`` is given (the
+    submodule whose output the position table is added to), its output's device replaces it: an offload hook that
+    moves the inputs inside ``module.forward`` then cannot mislead us. Returns the torch hook handles.
+    """
+
+    def open_call(mod, args, kwargs):
+        first = args[0] if args else kwargs.get(input_name)
+        _open_call(mod, first.device if isinstance(first, torch.Tensor) else None)
+
+    def close_call(mod, args, kwargs, output):
+        _close_call(mod)
+
+    handles = [
+        module.register_forward_pre_hook(open_call, with_kwargs=True),
+        module.register_forward_hook(close_call, with_kwargs=True, always_call=True),
+    ]
+    if refine_from is not None:
+
+        def refine(sub, args, output):
+            call = _current_call(module)
+            if call is not None and isinstance(output, torch.Tensor):
+                call.device = output.device
+
+        handles.append(refine_from.register_forward_hook(refine))
+    return handles
+
+
+def interpolated_position_table(
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    grid: list[tuple[int, int, int]],
+    num_grid_per_side: int,
+    merge_size: int,
+    table_dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The per-patch position embeddings for images/videos of ``grid`` = [(t, h, w), ...] (in patches), built on
+    ``device`` from the learned ``num_grid_per_side``² table that ``lookup`` (the embedding module) gathers from.
+
+    Each patch gets the bilinear mix (align-corners) of its 4 neighbouring table rows; the rows come out in the
+    spatial-merge block order the vision blocks expect, repeated over the t frames. Float operations and their
+    order match the towers' ``fast_pos_embed_interpolate`` (weights in float32, rounded once to ``table_dtype``,
+    taps summed left to right), so the result is bit-identical to theirs on the same device.
+    """
+    side = num_grid_per_side
+    tap_indices, tap_weights = [], []
+    for _, h, w in grid:
+        rows = torch.linspace(0, side - 1, h, device=device)
+        cols = torch.linspace(0, side - 1, w, device=device)
+        row_lo, col_lo = rows.int(), cols.int()
+        row_hi, col_hi = (row_lo + 1).clip(max=side - 1), (col_lo + 1).clip(max=side - 1)
+        row_frac, col_frac = rows - row_lo, cols - col_lo
+        row_pairs = ((row_lo * side, 1 - row_frac), (row_hi * side, row_frac))
+        col_pairs = ((col_lo, 1 - col_frac), (col_hi, col_frac))
+        tap_indices.append(torch.stack([
+            (r[:, None] + c[None, :]).flatten() for r, _ in row_pairs for c, _ in col_pairs
+        ]))
+        tap_weights.append(torch.stack([
+            (rw[:, None] * cw[None, :]).flatten() for _, rw in row_pairs for _, cw in col_pairs
+        ]))
+    indices = torch.cat(tap_indices, dim=1).long()
+    weights = torch.cat(tap_weights, dim=1).to(table_dtype)
+    taps = lookup(indices).to(device) * weights[:, :, None]
+    per_patch = taps[0] + taps[1] + taps[2] + taps[3]
+
+    m = merge_size
+    blocks = []
+    for image, (t, h, w) in zip(per_patch.split([h * w for _, h, w in grid]), grid):
+        frames = image.repeat(t, 1).view(t, h // m, m, w // m, m, -1)
+        blocks.append(frames.permute(0, 1, 3, 2, 4, 5).flatten(0, 4))
+    return torch.cat(blocks)
+
+
+def gather_rows(
+    lookup: Callable[[torch.Tensor], torch.Tensor],
+    indices: torch.Tensor,
+    table_rows: int,
+    gather_device: torch.device,
+    out_device: torch.device,
+) -> torch.Tensor:
+    """``lookup(indices)`` run where the table lives (``gather_device``), returned on ``out_device``.
+
+    What crosses between the devices is whichever is smaller: the gathered rows, or the whole table (then
+    indexed on ``out_device``). Both give the same values: a lookup copies rows exactly.
+    """
+    if gather_device == out_device:
+        return lookup(indices.to(gather_device))
+    if indices.numel() > table_rows:
+        table = lookup(torch.arange(table_rows, device=gather_device)).to(out_device)
+        return table[indices.to(out_device)]
+    return lookup(indices.to(gather_device)).to(out_device)

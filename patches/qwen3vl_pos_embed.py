@@ -1,0 +1,196 @@
+"""Fix ``qwen3vl_pos_embed``: ComfyUI's Qwen3-VL / Qwen3.5 vision tower interpolates its position table on the CPU
+whenever ``pos_embed``'s weight sits in CPU RAM.
+
+Bug: ``comfy/text_encoders/qwen35.py`` ``Qwen35VisionModel.fast_pos_embed_interpolate`` (used by the MiniMax H3
+text encoder's ``Qwen3VLVisionModel``) takes its device from ``self.pos_embed.weight.device`` and builds the tap
+indices, the 4-tap gather and the weighted sum there; ``forward`` then moves the result to the activations'
+device. With stock ops that is no crash (the seed's "cuda:0 and cpu" crash is transformers', see
+``transformers_qwen3vl_pos_embed``), but the weight sits in CPU RAM in two common cases, and then every image runs
+the whole interpolation on the CPU and ships its N x hidden result over the bus:
+  * dynamic VRAM (comfy-aimdo, the default on NVIDIA): the weight stays the memory-mapped CPU tensor and the GPU copy
+    lives in the vbar, so the interpolation always runs on the CPU, and ``comfy.ops.cast_bias_weight`` (CPU input
+    on a vbar module) also clones the whole table on every call;
+  * lowvram partial loading with ``pos_embed`` among the offloaded weights.
+Measured on 2 CPU cores (benchmarks/qwen3vl_pos_embed.py): ~0.1-0.2 s per 1024x1024 reference image, against a GPU
+vision tower that needs milliseconds. The fix builds the table on the compute device instead; ComfyUI's Embedding
+op then brings the weight there as it does for every other layer (vbar copy, or one table cast per call).
+Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860). Same anti-pattern:
+verl-project/verl#5571, invoke-ai/InvokeAI#9373.
+Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any text encoder holding that tower.
+Already fixed upstream when ``fast_pos_embed_interpolate`` no longer takes its device from ``pos_embed.weight``;
+disabled when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
+compute-device copy on a tiny CPU tower (checked once, in ``detect``).
+The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is left alone: it is N x head_dim/2
+values, and dynamic VRAM puts buffers on the compute device.
+Off switch: ``MINIMAX_HOTFIX_DISABLE=qwen3vl_pos_embed``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Iterable
+
+import torch
+
+from ..kernels.qwen3vl_pos_embed import compute_device, interpolated_position_table, track_compute_device
+from ._comfy import comfy_module
+from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
+
+_READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
+
+TINY_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=2, num_position_embeddings=64,
+                   temporal_patch_size=2, in_channels=3, intermediate_size=48, depth=1, out_hidden_size=40)
+TINY_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
+
+
+def _tower_class():
+    module = comfy_module("comfy.text_encoders.qwen35")
+    return getattr(module, "Qwen35VisionModel", None)
+
+
+def _casts_weight(embedding) -> bool:
+    """Whether this ComfyUI Embedding op brings its weight to its input's device (the stock ops and GGUF's do)."""
+    return bool(getattr(embedding, "comfy_cast_weights", False) or getattr(embedding, "weight_function", None)
+                or getattr(embedding, "bias_function", None))
+
+
+def _grid(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
+    return [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
+
+
+def _table_on_compute_device(tower, stock):
+    """``tower.fast_pos_embed_interpolate``, built on the device the current call computes on."""
+
+    def fast_pos_embed_interpolate(grid_thw):
+        device = compute_device(tower)
+        embedding = tower.pos_embed
+        if device is None or embedding.weight.device == device or not _casts_weight(embedding):
+            return stock(grid_thw)
+        return interpolated_position_table(embedding, _grid(grid_thw), tower.num_grid_per_side,
+                                           tower.spatial_merge_size, embedding.weight.dtype, device)
+
+    return fast_pos_embed_interpolate
+
+
+def install_on_towers(model: torch.nn.Module) -> list:
+    """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
+    tower_class = _tower_class()
+    handles = []
+    if tower_class is None:
+        return handles
+    for module in model.modules():
+        if isinstance(module, tower_class):
+            handles += track_compute_device(module, "x", refine_from=module.patch_embed)
+            handles.append(AttributeOverride(module, "fast_pos_embed_interpolate",
+                                             _table_on_compute_device(module, module.fast_pos_embed_interpolate)))
+    return handles
+
+
+def tiny_tower(dtype=torch.float32):
+    """A random tiny ComfyUI Qwen3-VL vision tower with the stock ``manual_cast`` ops, on CPU (detect, tests)."""
+    import comfy.ops
+    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
+
+    generator = torch.Generator().manual_seed(0)
+    tower = Qwen3VLVisionModel({**TINY_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype,
+                               ops=comfy.ops.manual_cast)
+    for parameter in tower.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
+    return tower
+
+
+def outputs(output) -> list[torch.Tensor]:
+    """The tower's merged tokens and DeepStack features, as one list."""
+    merged, deepstack = output
+    return [merged, *deepstack]
+
+
+def remove_handles(handles) -> None:
+    for handle in reversed(handles):
+        handle.remove()
+
+
+class Qwen3VLPosEmbedFix(Fix):
+    id = "qwen3vl_pos_embed"
+    title = "ComfyUI Qwen3-VL vision tower: position table interpolated on the compute device"
+    targets = ("clip",)
+    upstream = "no ComfyUI issue (same class: verl-project/verl#5571)"
+
+    def detect(self) -> Status:
+        tower_class = _tower_class()
+        if tower_class is None:
+            return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
+                                                "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
+        method = tower_class.__dict__.get("fast_pos_embed_interpolate")
+        forward_names = inspect.unwrap(tower_class.forward).__code__.co_names
+        if method is None or "fast_pos_embed_interpolate" not in forward_names:
+            return Status(State.DISABLED, "Qwen35VisionModel no longer builds its position table in "
+                                          "fast_pos_embed_interpolate: target drifted, fix left off")
+        if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
+            return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
+                                                "pos_embed.weight")
+        tower = tiny_tower()
+        grid = torch.tensor(TINY_GRID)
+        ours = interpolated_position_table(tower.pos_embed, _grid(grid), tower.num_grid_per_side,
+                                           tower.spatial_merge_size, tower.pos_embed.weight.dtype,
+                                           torch.device("cpu"))
+        if not torch.equal(ours, tower.fast_pos_embed_interpolate(grid)):
+            return Status(State.DISABLED, "fast_pos_embed_interpolate computes something else than the pack's "
+                                          "compute-device copy (interpolation changed upstream): fix left off")
+        return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
+                                     "with the weight in CPU RAM (dynamic VRAM, lowvram offload) every image "
+                                     "interpolates on the CPU (no crash: forward moves the result)")
+
+    def attach(self, patcher, key: str) -> None:
+        set_injection(patcher, key, model_injection(install_on_towers))
+
+    def self_test(self) -> Iterable[Check]:
+        if _tower_class() is None:
+            return ()
+        from ._devices import real_accelerator
+
+        device = real_accelerator() or torch.device("meta")
+        checks = []
+        tower = tiny_tower()
+        grid = torch.tensor(TINY_GRID)
+        pixels = torch.randn(sum(t * h * w for t, h, w in TINY_GRID), 3 * 2 * 4 * 4,
+                             generator=torch.Generator().manual_seed(1))
+        resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
+        with_fix = install_on_towers(tower)
+        try:
+            checks.append(Check("green: all on cpu, output bit-identical to the stock tower",
+                                all(map(torch.equal, outputs(tower(pixels, grid)), resident))))
+        finally:
+            remove_handles(with_fix)
+
+        gather_devices: list[torch.device] = []
+        spy = tower.pos_embed.register_forward_pre_hook(lambda mod, args: gather_devices.append(args[0].device))
+        weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
+        tower.to(device)
+        tower.pos_embed.weight = weight  # offloaded: the weight stays in CPU RAM
+        try:
+            stock = outputs(tower(pixels.to(device), grid))
+            checks.append(Check(f"red: fix off, pos_embed in CPU RAM, compute on {device.type}: the position "
+                                "gather runs on the CPU", gather_devices == [torch.device("cpu")],
+                                f"gather ran on {[d.type for d in gather_devices]}"))
+            gather_devices.clear()
+            with_fix = install_on_towers(tower)
+            try:
+                fixed = outputs(tower(pixels.to(device), grid))
+            finally:
+                remove_handles(with_fix)
+            same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
+            if device.type != "meta":
+                same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
+            compared = "shapes and devices" if device.type == "meta" else "values"
+            checks.append(Check(f"green: fix on: the gather runs on {device.type}, output {compared} equal to "
+                                "the stock tower's",
+                                gather_devices == [device] and same,
+                                f"gather ran on {[d.type for d in gather_devices]}"))
+        finally:
+            spy.remove()
+        return checks
+
+
+FIX = Qwen3VLPosEmbedFix()

@@ -1,0 +1,197 @@
+"""qwen3vl_pos_embed on ComfyUI's real Qwen3-VL vision tower (tiny config, COMFYUI_PATH; skipped without it).
+
+The finding this pins (docs/qwen3vl_pos_embed.md): with pos_embed's weight in CPU RAM and the activations on another
+device, stock ComfyUI does not crash (forward moves the table) but runs the 4-tap gather and weighted sum on the CPU
+on every call, and under dynamic VRAM also clones the whole table there. The CPU-only stand-in for the compute
+device is meta: ComfyUI's ops cast weights to the input's device, so a tower with CPU weights runs on meta.
+"""
+
+import sys
+import threading
+
+import pytest
+import torch
+
+from minimax_hotfix import patches
+from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
+from minimax_hotfix.patches import qwen3vl_pos_embed as fix
+
+GRID = fix.TINY_GRID
+
+
+@pytest.fixture(autouse=True)
+def fresh_detection(comfyui, monkeypatch):
+    monkeypatch.delenv(patches.DISABLE_ENV, raising=False)
+    patches.forget_detection()
+    yield
+    patches.forget_detection()
+
+
+def pixels(seed=1):
+    return torch.randn(sum(t * h * w for t, h, w in GRID), 96, generator=torch.Generator().manual_seed(seed))
+
+
+def offloaded_tower(ops_name="manual_cast"):
+    """Every weight on meta (the compute device stand-in) except pos_embed's, which stays in CPU RAM."""
+    import comfy.ops
+
+    tower = fix.tiny_tower()
+    if ops_name != "manual_cast":
+        tower = _rebuilt_with(getattr(comfy.ops, ops_name), tower)
+    weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
+    tower.to("meta")
+    tower.pos_embed.weight = weight
+    return tower
+
+
+def _rebuilt_with(ops, tower):
+    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
+
+    rebuilt = Qwen3VLVisionModel({**fix.TINY_TOWER, "deepstack_visual_indexes": [0]}, dtype=torch.float32, ops=ops)
+    rebuilt.load_state_dict(tower.state_dict())
+    return rebuilt
+
+
+def gather_devices(tower):
+    seen = []
+    tower.pos_embed.register_forward_pre_hook(lambda mod, args: seen.append(args[0].device.type))
+    return seen
+
+
+def test_detect_applies_on_this_comfyui():
+    status = patches.status(fix.FIX)
+    assert status.state is patches.State.APPLIED, status.reason
+    assert "interpolates on the CPU" in status.reason
+
+
+def test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device():
+    tower = offloaded_tower()
+    seen = gather_devices(tower)
+    stock = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))  # pinned: stock ComfyUI does not crash
+    assert seen == ["cpu"]  # red: the interpolation ran where the weight lives
+
+    seen.clear()
+    handles = fix.install_on_towers(tower)
+    fixed = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
+    assert seen == ["meta"]  # green: it ran on the compute device
+    assert [(t.device.type, t.shape) for t in fixed] == [(t.device.type, t.shape) for t in stock]
+    fix.remove_handles(handles)
+    assert "fast_pos_embed_interpolate" not in vars(tower)
+
+
+def test_dynamic_vram_cast_clones_the_whole_table_per_call():
+    """Pins the dynamic-VRAM cost: a vbar module (``_v``) called with a CPU input takes comfy.ops' CPU branch,
+    which copies the whole weight on every call (stock only: the vbar branch the fix leads to needs CUDA)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class TableCopies(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten._to_copy.default, torch.ops.aten.clone.default) and args[0].shape == (64, 32):
+                TableCopies.count += 1
+            return func(*args, **(kwargs or {}))
+
+    tower = fix.tiny_tower()
+    tower.pos_embed._v = object()  # what ModelPatcherDynamic.load gives every cast module above 16 KB
+    with TableCopies():
+        for _ in range(3):
+            tower.fast_pos_embed_interpolate(torch.tensor(GRID))
+    assert TableCopies.count == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
+    tower = fix.tiny_tower(dtype)
+    grid = ((1, 4, 6), (2, 2, 2), (3, 10, 14), (1, 64, 38))
+    stock = tower.fast_pos_embed_interpolate(torch.tensor(grid))
+    ours = interpolated_position_table(tower.pos_embed, list(grid), tower.num_grid_per_side,
+                                       tower.spatial_merge_size, tower.pos_embed.weight.dtype, torch.device("cpu"))
+    assert ours.dtype == stock.dtype and torch.equal(ours, stock)
+
+
+def test_all_on_one_device_outputs_bit_identical():
+    tower = fix.tiny_tower()
+    reference = fix.outputs(tower(pixels(), torch.tensor(GRID)))
+    fix.install_on_towers(tower)
+    assert all(map(torch.equal, fix.outputs(tower(pixels(), torch.tensor(GRID))), reference))
+
+
+def test_ops_that_do_not_cast_keep_the_stock_path():
+    """disable_weight_init leaves comfy_cast_weights off: its Embedding cannot reach a CPU weight from meta
+    indices, so the fix must leave such a tower alone (without the guard this call crashes)."""
+    tower = offloaded_tower("disable_weight_init")
+    seen = gather_devices(tower)
+    fix.install_on_towers(tower)
+    out = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
+    assert seen == ["cpu"] and out[0].device.type == "meta"
+
+
+def test_attaches_through_the_model_patcher_and_survives_clone():
+    import comfy.model_patcher
+
+    holder = torch.nn.Module()
+    holder.visual = offloaded_tower()
+    patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("cpu"),
+                                               offload_device=torch.device("cpu"))
+    assert "qwen3vl_pos_embed" in patches.attach_fixes(patcher, "clip")
+    clone = patcher.clone()
+    seen = gather_devices(holder.visual)
+    for each in (patcher, clone):
+        each.inject_model()
+        holder.visual(pixels().to("meta"), torch.tensor(GRID))
+        each.eject_model()
+        holder.visual(pixels().to("meta"), torch.tensor(GRID))
+    assert seen == ["meta", "cpu", "meta", "cpu"]
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setenv(patches.DISABLE_ENV, fix.FIX.id)
+    assert patches.status(fix.FIX).state is patches.State.DISABLED
+
+
+@pytest.mark.parametrize("layout", ["two towers", "one tower, two devices"])
+def test_two_threads_no_cross_talk(layout):
+    """Jobs on two threads at once, activations on different devices. With the tower shared, stock ops cast every
+    weight to each call's input device, so one tower computes on cpu and on meta at the same time."""
+    on_cpu = fix.tiny_tower()
+    on_meta = offloaded_tower() if layout == "two towers" else on_cpu
+    reference = fix.outputs(on_cpu(pixels(), torch.tensor(GRID)))
+    fix.install_on_towers(on_cpu)
+    if on_meta is not on_cpu:
+        fix.install_on_towers(on_meta)
+    start = threading.Barrier(2)
+    failures = []
+
+    def loop(check):
+        start.wait()
+        for _ in range(25):
+            try:
+                if not check():
+                    failures.append("wrong result")
+            except Exception as exc:  # noqa: BLE001 - any error is cross-talk here
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    def cpu_call():
+        return all(map(torch.equal, fix.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))
+
+    def meta_call():
+        return all(t.device.type == "meta" for t in fix.outputs(on_meta(pixels().to("meta"), torch.tensor(GRID))))
+
+    threads = [threading.Thread(target=loop, args=(call,)) for call in (cpu_call, meta_call)]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # interleave the two jobs inside their forwards, not only between them
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert failures == []
+
+
+def test_self_test_passes():
+    checks = list(fix.FIX.self_test())
+    assert [c.name.split(":")[0] for c in checks] == ["green", "red", "green"]
+    assert all(check.passed for check in checks), checks
