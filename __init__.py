@@ -2,7 +2,15 @@
 
 ComfyUI imports this file by path under a synthetic module name. Outside ComfyUI (tests, tools/doctor.py)
 nothing here imports ComfyUI, so the pack's modules stay importable on a machine without it.
+
+Inside ComfyUI the pack is also importable as ``minimax_hotfix``, so other custom nodes can call its public
+function for transformers models they build themselves::
+
+    import minimax_hotfix
+    minimax_hotfix.attach_to_transformers_model(model)   # Qwen3-VL vision towers: pos-embed on the compute device
 """
+
+import sys
 
 try:
     import comfy.model_patcher  # noqa: F401  (present only inside ComfyUI)
@@ -12,7 +20,9 @@ except ImportError:
 else:
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
     from .patches import install_process_fixes
+    from .patches.transformers_qwen3vl_pos_embed import attach_to_transformers_model, detach_from_transformers_model
 
+    sys.modules.setdefault("minimax_hotfix", sys.modules[__name__])
     install_process_fixes()
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]

@@ -145,9 +145,9 @@ def attach_to_transformers_model(model: torch.nn.Module) -> list[str]:
     For custom nodes that run transformers' Qwen3-VL / Qwen3.5 / Qwen3-Omni models (captioners, prompt enhancers)
     next to MiniMax workflows, and may keep ``pos_embed`` in CPU RAM, offload it, or pass ``grid_thw`` on the CPU::
 
-        from minimax_hotfix.patches.transformers_qwen3vl_pos_embed import attach_to_transformers_model
+        import minimax_hotfix                    # the pack's public name inside ComfyUI
         model = Qwen3VLForConditionalGeneration.from_pretrained(...)
-        attach_to_transformers_model(model)      # e.g. ["model.visual"]
+        minimax_hotfix.attach_to_transformers_model(model)      # e.g. ["model.visual"]
 
     Only ``model``'s own modules change (hooks and instance attributes), so other models are untouched; calling it
     again replaces, never stacks; ``detach_from_transformers_model`` undoes it. Safe with concurrent calls from

@@ -93,3 +93,21 @@ def test_the_status_node_reports_every_fix(comfy_nodes):
     for fix_id in patches.all_fixes():
         assert fix_id in table
     assert torch.is_tensor(torch.zeros(1))  # the node imports nothing that breaks torch
+
+
+def test_inside_comfyui_the_pack_is_importable_as_minimax_hotfix(comfyui):
+    """Other custom nodes reach the public function by name; the pack's own copy, not a second one."""
+    import subprocess
+
+    code = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {comfyui!r})\n"
+        "from comfy.cli_args import args; args.cpu = True\n"
+        "import nodes\n"
+        f"assert asyncio.run(nodes.load_custom_node({str(ROOT)!r}, ignore=set(nodes.NODE_CLASS_MAPPINGS)))\n"
+        "import minimax_hotfix\n"
+        "cls = nodes.NODE_CLASS_MAPPINGS['MiniMaxHotfixStatus']\n"
+        "assert minimax_hotfix is sys.modules[cls.__module__.rsplit('.', 1)[0]]\n"
+        "assert callable(minimax_hotfix.attach_to_transformers_model)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
