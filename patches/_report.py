@@ -90,6 +90,6 @@ def run_doctor(out=print) -> int:
             out(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name}" + (f": {check.detail}" if check.detail else ""))
             failed += not check.passed
         if not checks:
-            out("  (no self-test)")
+            out(f"  (not run here: {status(fix).reason})")
     out(f"\n{'all self-tests passed' if not failed else f'{failed} self-test step(s) failed'}")
     return 1 if failed else 0
