@@ -22,3 +22,17 @@ def comfyui():
     from minimax_hotfix.patches._comfy import use_comfyui_checkout
 
     return use_comfyui_checkout()
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """``registry(*fixes)``: the pack's registry holding only these fixes, with fresh detection."""
+    from minimax_hotfix import patches
+
+    def use(*fixes):
+        monkeypatch.setattr(patches, "_fixes", {fix.id: fix for fix in fixes})
+        patches.forget_detection()
+        return fixes
+
+    yield use
+    patches.forget_detection()

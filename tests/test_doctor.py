@@ -1,6 +1,5 @@
 """The doctor prints the environment and every fix, and its exit code follows the self-tests."""
 
-import pytest
 
 from minimax_hotfix import patches
 from minimax_hotfix.patches._fix import Check, Fix, State, Status
@@ -20,16 +19,6 @@ class SelfTestedFix(Fix):
     def self_test(self):
         yield Check("red: bug reproduces with the fix off", True)
         yield Check("green: fixed output equals the reference", self.green_passes, "max abs diff 0")
-
-
-@pytest.fixture
-def registry(monkeypatch):
-    def use(*fixes):
-        monkeypatch.setattr(patches, "_fixes", {fix.id: fix for fix in fixes})
-        patches.forget_detection()
-
-    yield use
-    patches.forget_detection()
 
 
 def doctor_output():

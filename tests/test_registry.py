@@ -56,19 +56,6 @@ class RaisingDetectFix(CountingFix):
         raise RuntimeError("target moved")
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """The registry holding only the given fixes, with fresh detection."""
-
-    def use(*fixes):
-        monkeypatch.setattr(patches, "_fixes", {fix.id: fix for fix in fixes})
-        patches.forget_detection()
-        return fixes
-
-    yield use
-    patches.forget_detection()
-
-
 def run(model):
     return model(torch.ones(1, 4))
 
