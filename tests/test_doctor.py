@@ -1,6 +1,5 @@
 """The doctor prints the environment and every fix, and its exit code follows the self-tests."""
 
-
 from minimax_hotfix import patches
 from minimax_hotfix.patches._fix import Check, Fix, State, Status
 from minimax_hotfix.patches._report import run_doctor
