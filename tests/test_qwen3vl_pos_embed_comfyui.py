@@ -6,12 +6,10 @@ on every call, and under dynamic VRAM also clones the whole table there. The CPU
 device is meta: ComfyUI's ops cast weights to the input's device, so a tower with CPU weights runs on meta.
 """
 
-import sys
-import threading
-
 import pytest
 import torch
 
+from concurrency import failures_running_concurrently
 from minimax_hotfix import patches
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
@@ -160,35 +158,13 @@ def test_two_threads_no_cross_talk(layout):
     fix.install_on_towers(on_cpu)
     if on_meta is not on_cpu:
         fix.install_on_towers(on_meta)
-    start = threading.Barrier(2)
-    failures = []
-
-    def loop(check):
-        start.wait()
-        for _ in range(25):
-            try:
-                if not check():
-                    failures.append("wrong result")
-            except Exception as exc:  # noqa: BLE001 - any error is cross-talk here
-                failures.append(f"{type(exc).__name__}: {exc}")
-
     def cpu_call():
         return all(map(torch.equal, fix.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))
 
     def meta_call():
         return all(t.device.type == "meta" for t in fix.outputs(on_meta(pixels().to("meta"), torch.tensor(GRID))))
 
-    threads = [threading.Thread(target=loop, args=(call,)) for call in (cpu_call, meta_call)]
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # interleave the two jobs inside their forwards, not only between them
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(switch_interval)
-    assert failures == []
+    assert failures_running_concurrently([cpu_call, meta_call], rounds=25) == []
 
 
 def test_self_test_passes():

@@ -12,7 +12,6 @@ Which stand-in each form allows on a CPU-only machine (docs/qwen3vl_pos_embed.md
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
 import transformers  # noqa: E402
 
+from concurrency import failures_running_concurrently  # noqa: E402
 from minimax_hotfix import patches  # noqa: E402
 from minimax_hotfix.kernels.qwen3vl_pos_embed import (  # noqa: E402
     computing_on, gather_rows, interpolated_position_table,
@@ -231,30 +231,10 @@ def test_two_threads_two_devices_no_cross_talk():
     reference = run(resident, pixels, grid)
     fix.attach_to_transformers_model(resident)
     cross_device = _cross_device_call()
-    start = threading.Barrier(2)
-    failures = []
+    def resident_call():
+        return all(torch.equal(a, b) for a, b in zip(run(resident, pixels, grid), reference))
 
-    def loop(call):
-        start.wait()
-        for _ in range(40):
-            try:
-                if not call():
-                    failures.append("wrong result")
-            except Exception as exc:  # noqa: BLE001 - any error is cross-talk here
-                failures.append(f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=loop, args=(call,)) for call in (
-        lambda: all(torch.equal(a, b) for a, b in zip(run(resident, pixels, grid), reference)), cross_device)]
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # interleave the two jobs inside their forwards, not only between them
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(switch_interval)
-    assert failures == []
+    assert failures_running_concurrently([resident_call, cross_device], rounds=40) == []
 
 
 def test_attach_replaces_and_detach_restores():

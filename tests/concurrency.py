@@ -1,0 +1,33 @@
+"""Running checks on several threads at once, interleaved inside their calls, for cross-talk tests."""
+
+import sys
+import threading
+
+
+def failures_running_concurrently(checks, rounds: int) -> list[str]:
+    """Run each ``check`` (returns True when its result is right) ``rounds`` times on its own thread, all threads
+    started together with a tiny switch interval so they interleave inside forwards, not only between them.
+    Returns what went wrong: wrong results and exceptions."""
+    start = threading.Barrier(len(checks))
+    failures: list[str] = []
+
+    def loop(check):
+        start.wait()
+        for _ in range(rounds):
+            try:
+                if not check():
+                    failures.append("wrong result")
+            except Exception as exc:  # noqa: BLE001 - any error is cross-talk here
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=loop, args=(check,)) for check in checks]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    return failures
