@@ -1,0 +1,156 @@
+"""music3_graph_capture: MiniMax Music 3 never starts a CUDA-graph capture over a unit that would copy from host memory.
+
+Bug: Music 3's AR stage captures one CUDA graph per graph unit (each Llama layer, and the depth decoder with the audio
+extra embedding) under dynamic VRAM. A unit whose forward copies from pageable host memory cannot be captured:
+a GGUF text encoder (e.g. ``minimax_music3_text_encoder_pruned_Q4_0.gguf`` through ``CLIPLoaderGGUFDynamicVRAM``)
+dequantizes Q4_0 with shift tables built from Python lists, so capture fails with
+``RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned.``
+(``comfy/ops.py -> tensor.dequantize()`` / ``ComfyUI-GGUF/dequant.py -> dequantize_blocks_Q4_0()``), followed by
+``Warning: Attempting uncaptured free of a captured allocation`` and ``Fatal Python error: Aborted``. The same holds
+for a weight left in unpinned host memory outside the dynamic-VRAM allocator.
+
+Upstream: Comfy-Org/ComfyUI#16002 (closed with the workaround of switching both Music 3 graph paths off in
+``ar.py``), molbal/ComfyUI-GGUF#17. No core fix known.
+
+Applies to: every core with Music 3 graphs (#15570, 0.33.0 on), with dynamic VRAM (the default on NVIDIA).
+
+Detection (code structure): needs ``comfy.model_prefetch.prefetch_queue_pop`` gating graphs on the unit's ``_v_block``
+and ``MiniMaxMusic3TEModel.get_dynamic_vram__units``; if the gate or the units API is gone, the fix disables itself
+(drifted). Without ComfyUI/Music 3: not applicable.
+
+Off switch: ``MINIMAX_HOTFIX_DISABLE=music3_graph_capture``.
+
+How: attached to CLIP patchers (so also to a CLIP from the GGUF loaders, through "Apply MiniMax Hotfix (CLIP)") as an
+injection that acts only on a Music 3 text encoder. After each load it asks the capture policy
+(kernels/capture_policy.py) about every graph unit, from its weights' type and residency: GGUF Q4_0/Q4_1/Q5_x/K-quant/
+IQ4 weights, or weights kept in unpinned host memory without a dynamic-VRAM slot, mean no capture for that unit. Such
+a unit's ``_v_block`` (what ``prefetch_queue_pop`` checks before it captures) reads None while the model is loaded,
+so the unit runs eagerly; every other unit keeps its graph. ``--disable-cuda-graphs`` is never touched. Ejecting the
+model restores ``_v_block``. Pinning the offending weights instead would not help GGUF (the host copies are the
+dequantizer's shift tables, not the weights); for host-resident weights the GPU check measures both options.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+
+import torch
+
+from ..kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, decide_unit, emulated_capture
+from ..kernels.tiny_decoder import (CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, TinyConfig, build_decoder,
+                                    decode_hidden_states)
+from ._comfy import comfy_module
+from ._devices import real_accelerator
+from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
+
+log = logging.getLogger("minimax_hotfix")
+
+FIX_ID = "music3_graph_capture"
+GRAPH_GATE = re.compile(r'enable_graph\s*=\s*enable_graph\b[^\n]*getattr\(module,\s*"_v_block",\s*None\)\s*is not None')
+SELF_TEST_CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16, vocab=64)
+SELF_TEST_STEPS = 6
+GGUF_LAYER = 1
+
+
+def graph_units(text_encoder) -> list[tuple]:
+    """Each dynamic-VRAM unit of a Music 3 text encoder as its tuple of root modules (the first carries _v_block)."""
+    units, last_units = text_encoder.get_dynamic_vram__units()
+    return [tuple(unit) if isinstance(unit, (list, tuple)) else (unit,) for unit in (*units, *last_units)]
+
+
+def compute_device(text_encoder) -> torch.device:
+    """Where the loaded encoder computes: ComfyUI's load sets ``model.device``."""
+    return torch.device(getattr(text_encoder, "device", None) or getattr(text_encoder, "execution_device", "cpu"))
+
+
+class Music3GraphCapture(Fix):
+    id = FIX_ID
+    title = "MiniMax Music 3: no CUDA-graph capture over GGUF / host-resident units, graphs kept elsewhere"
+    targets = ("clip",)
+    upstream = "Comfy-Org/ComfyUI#16002, molbal/ComfyUI-GGUF#17"
+
+    def detect(self) -> Status:
+        prefetch = comfy_module("comfy.model_prefetch")
+        music = comfy_module("comfy.text_encoders.minimax_music")
+        if prefetch is None or music is None:
+            return Status(State.NOT_APPLICABLE, "ComfyUI with MiniMax Music 3 CUDA graphs is not importable here")
+        if not GRAPH_GATE.search(inspect.getsource(prefetch.prefetch_queue_pop)):
+            return Status(State.DISABLED, "comfy.model_prefetch.prefetch_queue_pop no longer gates graph capture on "
+                                          "the unit's _v_block: the code drifted, fix left off")
+        if not callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)):
+            return Status(State.DISABLED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
+                                          "fix left off")
+        return Status(State.APPLIED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
+                                     "or host-resident unit fails capture (#16002)")
+
+    def install(self, text_encoder) -> list:
+        ar = comfy_module("comfy.ldm.minimax_music.ar")
+        if ar is None or not isinstance(text_encoder, ar.MiniMaxMusic3AR):
+            return []
+        device = compute_device(text_encoder)
+        handles, refused, graphed = [], [], 0
+        for roots in graph_units(text_encoder):
+            if getattr(roots[0], "_v_block", None) is None:
+                continue
+            decision = decide_unit(roots, device)
+            if decision.capture:
+                graphed += 1
+            else:
+                handles.append(AttributeOverride(roots[0], "_v_block", None))
+                refused.append(decision.reason)
+        if refused:
+            log.info("MiniMax Hotfix: %s: %d Music 3 graph unit(s) run without CUDA graph capture (%s); %d keep "
+                     "their graphs", FIX_ID, len(refused), refused[0], graphed)
+        return handles
+
+    def attach(self, patcher, key: str) -> None:
+        set_injection(patcher, key, model_injection(self.install))
+
+    def self_test(self):
+        """A tiny Llama-shaped decoder with one GGUF-style Q4_0 layer. CPU: capture rules emulated on ``meta``
+        tensors (the red control on every machine: a real failed capture can abort the process). CUDA: real graphs
+        with the policy, equal to graphs off."""
+        with torch.no_grad():
+            yield from emulated_checks()
+            device = real_accelerator()
+            if device is not None and device.type == "cuda":
+                yield cuda_check(device)
+
+
+def policy(device):
+    return lambda unit: decide_unit([unit], device).capture
+
+
+def emulated_checks():
+    meta = torch.device("meta")
+    model = build_decoder(SELF_TEST_CONFIG, meta, q4_layers=(GGUF_LAYER,))
+    try:
+        decode_hidden_states(model, SELF_TEST_STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    yield Check("red: capturing every unit hits the Q4_0 layer's host copy (emulated capture)",
+                error == CAPTURE_HOST_COPY_ERROR, error or "no error")
+    runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+    decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, device=meta)
+    refused = [index for index, layer in enumerate(model.layers) if layer in runner.refused]
+    yield Check("green: only the Q4_0 unit runs uncaptured, the others keep their graphs",
+                refused == [GGUF_LAYER] and len(runner.graphs) == SELF_TEST_CONFIG.layers - 1,
+                f"uncaptured layers {refused}, captured {len(runner.graphs)}")
+    yield Check("green: the policy names the reason", "GGUF Q4_0" in decide_unit(
+        [GGUFStyleQ4Linear.from_linear(torch.nn.Linear(32, 4, bias=False))], meta).reason)
+
+
+def cuda_check(device):
+    model = build_decoder(SELF_TEST_CONFIG, device, q4_layers=(GGUF_LAYER,))
+    reference = decode_hidden_states(model, SELF_TEST_STEPS, device=device)
+    runner = CudaGraphs(device, capture_allowed=policy(device))
+    graphed = decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, static_buffers=True, device=device)
+    diff = (graphed - reference).abs().max().item()
+    return Check("green: real CUDA graphs with the policy equal graphs off", diff == 0 and len(runner.graphs) ==
+                 SELF_TEST_CONFIG.layers - 1, f"max abs diff {diff:.3g}, captured {len(runner.graphs)} units")
+
+
+FIX = Music3GraphCapture()

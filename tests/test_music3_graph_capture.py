@@ -1,0 +1,245 @@
+"""music3_graph_capture on CPU: the capture policy decides per unit from weight type (real GGUF Q4_0 tensors written
+and read with the ``gguf`` package) and residency, and a decoder run under emulated capture rules fails without it
+(red) and keeps every other unit's graph with it (green). The ComfyUI half is in test_music3_graphs_comfyui.py."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, decide_unit, emulated_capture, ggml_type
+from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, GGUFStyleQ4Linear, HostWeightLinear, TinyConfig,
+                                                 build_decoder, decode_hidden_states, dequantize_q4_0,
+                                                 quantize_q4_0)
+from minimax_hotfix.patches import State
+from minimax_hotfix.patches.music3_graph_capture import FIX
+
+gguf = pytest.importorskip("gguf")
+
+CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16, vocab=64)
+STEPS = 6
+GGUF_LAYER = 1
+CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
+
+
+# --- real GGUF tensors, in the two shapes ComfyUI-GGUF hands to ComfyUI --------------------------------------------
+
+def write_and_read_gguf(path, weights: dict, qtype) -> dict:
+    """Quantize with the gguf package, write a .gguf file, read it back: {name: (raw bytes, torch shape, type)}."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for name, weight in weights.items():
+        writer.add_tensor(name, gguf.quants.quantize(weight.numpy(), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return {t.name: (torch.from_numpy(np.array(t.data)), tuple(int(d) for d in reversed(t.shape)), t.tensor_type)
+            for t in gguf.GGUFReader(str(path)).tensors}
+
+
+class GGMLTensor(torch.Tensor):
+    """ComfyUI-GGUF's legacy weight: raw GGUF bytes with ``tensor_type`` and ``tensor_shape`` (GGMLOps loaders)."""
+
+    def __new__(cls, data, tensor_type, tensor_shape):
+        tensor = torch.Tensor._make_subclass(cls, data)
+        tensor.tensor_type, tensor.tensor_shape = tensor_type, tensor_shape
+        return tensor
+
+    def detach(self, *args, **kwargs):
+        return self  # as ComfyUI-GGUF's: nn.Parameter(weight) then keeps the tensor and its GGUF type
+
+
+def ggml_layout_tensor(raw, shape, tensor_type, orig_dtype=torch.bfloat16):
+    """ComfyUI-GGUF's dynamic-VRAM weight: a comfy-kitchen QuantizedTensor with a "GGMLLayout" layout."""
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    params = GGMLLayoutParams(scale=torch.ones(()), orig_dtype=orig_dtype, orig_shape=tuple(shape),
+                              tensor_type=int(tensor_type))
+    return QuantizedTensor(raw, "GGMLLayout", params)
+
+
+try:
+    from comfy_kitchen.tensor import BaseLayoutParams, QuantizedLayout, get_layout_class, register_layout_class
+
+    @dataclass(frozen=True)
+    class GGMLLayoutParams(BaseLayoutParams):
+        tensor_type: int
+
+    class GGMLLayout(QuantizedLayout):
+        """Q4_0 only, dequantized as ComfyUI-GGUF does (shift tables from Python lists)."""
+
+        Params = GGMLLayoutParams
+
+        @classmethod
+        def quantize(cls, tensor, **kwargs):
+            raise NotImplementedError
+
+        @classmethod
+        def dequantize(cls, qdata, params):
+            return dequantize_q4_0(qdata.reshape(-1, 18), params.orig_shape, params.orig_dtype)
+
+        @classmethod
+        def get_plain_tensors(cls, qtensor):
+            return (qtensor._qdata,)
+
+        @classmethod
+        def state_dict_tensors(cls, qdata, params):
+            return {"weight": qdata}
+
+    try:
+        get_layout_class("GGMLLayout")
+    except (KeyError, ValueError):
+        register_layout_class("GGMLLayout", GGMLLayout)
+except ImportError:  # comfy-kitchen is in the test requirements; without it only its test is skipped
+    GGMLLayoutParams = None
+
+
+@pytest.fixture(scope="module")
+def q4_0(tmp_path_factory):
+    torch.manual_seed(0)
+    weight = torch.randn(CONFIG.hidden, CONFIG.intermediate)
+    raw, shape, tensor_type = write_and_read_gguf(tmp_path_factory.mktemp("gguf") / "down.gguf",
+                                                  {"blk.1.ffn_down.weight": weight}, gguf.GGMLQuantizationType.Q4_0)[
+        "blk.1.ffn_down.weight"]
+    assert tensor_type == gguf.GGMLQuantizationType.Q4_0 and shape == tuple(weight.shape)
+    return weight, raw, shape
+
+
+def linear_with(weight) -> torch.nn.Module:
+    layer = torch.nn.Linear(1, 1, bias=False)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer
+
+
+# --- the Q4_0 stand-in of the harness is the real format ---------------------------------------------------------
+
+def test_harness_q4_0_is_bit_identical_to_gguf(q4_0):
+    weight, raw, shape = q4_0
+    assert torch.equal(quantize_q4_0(weight), raw.reshape(-1, 18))
+    reference = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.Q4_0)
+    assert torch.equal(dequantize_q4_0(raw.reshape(-1, 18), shape), torch.from_numpy(reference))
+
+
+# --- the policy: per unit, from type and residency ----------------------------------------------------------------
+
+def test_a_legacy_gguf_q4_0_weight_refuses_capture_its_dequantized_twin_allows_it(q4_0):
+    _, raw, shape = q4_0
+    gguf_unit = linear_with(GGMLTensor(raw, gguf.GGMLQuantizationType.Q4_0, shape))
+    decision = decide_unit([gguf_unit], "cpu")
+    assert not decision.capture and "GGUF Q4_0" in decision.reason
+    assert decide_unit([linear_with(dequantize_q4_0(raw.reshape(-1, 18), shape))], "cpu").capture
+
+
+@pytest.mark.skipif(GGMLLayoutParams is None, reason="needs comfy-kitchen")
+def test_a_dynamic_vram_gguf_weight_refuses_capture_even_when_streamed(q4_0):
+    _, raw, shape = q4_0
+    unit = linear_with(ggml_layout_tensor(raw, shape, gguf.GGMLQuantizationType.Q4_0))
+    unit._v = ("vbar slot",)  # streamed by the dynamic-VRAM allocator: residency is fine, the type is not
+    assert ggml_type(unit.weight) == 2
+    decision = decide_unit([unit], CUDA)
+    assert not decision.capture and "GGUF Q4_0" in decision.reason
+
+
+@pytest.mark.parametrize("type_name, capture", [("F16", True), ("BF16", True), ("Q8_0", True), ("Q4_0", False),
+                                                ("Q4_1", False), ("Q5_0", False), ("Q5_1", False)])
+def test_gguf_types_with_on_device_dequantization_keep_their_graphs(tmp_path, type_name, capture):
+    qtype = gguf.GGMLQuantizationType[type_name]
+    torch.manual_seed(0)
+    raw, shape, read_type = write_and_read_gguf(tmp_path / "w.gguf", {"w": torch.randn(4, 256)}, qtype)["w"]
+    assert decide_unit([linear_with(GGMLTensor(raw, read_type, shape))], "cpu").capture is capture
+
+
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0"])
+def test_k_and_iq_quants_and_unknown_types_refuse_capture(type_name):
+    # the gguf package cannot write these; the policy reads only the type, so the bytes do not matter
+    weight = GGMLTensor(torch.zeros(4, 144, dtype=torch.uint8), gguf.GGMLQuantizationType[type_name], (4, 256))
+    decision = decide_unit([linear_with(weight)], "cpu")
+    assert not decision.capture and "GGUF" in decision.reason
+
+
+def test_residency_unpinned_host_weights_refuse_capture_unless_streamed_or_on_the_device():
+    host_unit = linear_with(torch.randn(4, 4))
+    decision = decide_unit([host_unit], CUDA)
+    assert not decision.capture and "unpinned host memory" in decision.reason
+    assert decide_unit([host_unit], "cpu").capture  # computes where it lives: nothing is copied
+    host_unit._v = ("vbar slot",)
+    assert decide_unit([host_unit], CUDA).capture  # streamed: the core captures only fully resident blocks
+
+
+def test_the_decision_is_per_unit(q4_0):
+    _, raw, shape = q4_0
+    units = [linear_with(torch.randn(4, 4).to("meta")),
+             linear_with(GGMLTensor(raw, gguf.GGMLQuantizationType.Q4_0, shape)),
+             linear_with(torch.randn(4, 4).to("meta"))]
+    assert [decide_unit([unit], "meta").capture for unit in units] == [True, False, True]
+
+
+# --- a decoder under emulated capture rules: red without the policy, green with it --------------------------------
+
+def policy(device):
+    return lambda unit: decide_unit([unit], device).capture
+
+
+def test_emulated_capture_rules_are_the_real_ones_shape():
+    meta = torch.device("meta")
+    with emulated_capture():
+        torch.ones(2, device=meta) * 2  # on-device work is fine
+        with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned"):
+            torch.tensor([0, 4], device=meta)
+        with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned"):
+            torch.ones(2).to(meta)
+    torch.tensor([0, 4], device=meta)  # outside capture: allowed
+
+
+def test_red_capturing_every_unit_hits_the_q4_0_host_copy():
+    meta = torch.device("meta")
+    model = build_decoder(CONFIG, meta, q4_layers=(GGUF_LAYER,))
+    with torch.no_grad(), pytest.raises(RuntimeError) as failure:
+        decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
+    assert str(failure.value) == CAPTURE_HOST_COPY_ERROR
+
+
+def test_green_only_the_q4_0_unit_runs_uncaptured():
+    meta = torch.device("meta")
+    model = build_decoder(CONFIG, meta, q4_layers=(GGUF_LAYER,))
+    runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+    with torch.no_grad():
+        decode_hidden_states(model, STEPS, runner=runner, device=meta)
+    assert runner.refused == {model.layers[GGUF_LAYER]}
+    assert set(runner.graphs) == {layer for i, layer in enumerate(model.layers) if i != GGUF_LAYER}
+
+
+def test_red_green_host_resident_weight():
+    meta = torch.device("meta")
+    model = build_decoder(CONFIG, meta)
+    model.layers[0].up_proj = HostWeightLinear(torch.randn(CONFIG.intermediate, CONFIG.hidden))
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned"):
+            decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
+        runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+        decode_hidden_states(model, STEPS, runner=runner, device=meta)
+    assert runner.refused == {model.layers[0]} and len(runner.graphs) == CONFIG.layers - 1
+
+
+def test_green_values_with_the_policy_equal_graphs_off():
+    model = build_decoder(CONFIG, "cpu", q4_layers=(GGUF_LAYER,))
+    with torch.no_grad():
+        reference = decode_hidden_states(model, STEPS)
+        graphed = decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_allowed=policy("cpu")),
+                                       static_buffers=True)
+    assert torch.equal(graphed, reference)
+
+
+# --- the fix object -------------------------------------------------------------------------------------------------
+
+def test_without_comfyui_the_fix_is_not_applicable():
+    if FIX.detect().state is not State.NOT_APPLICABLE:
+        pytest.skip("ComfyUI is importable here; see test_music3_graphs_comfyui.py")
+    assert "not importable" in FIX.detect().reason
+
+
+def test_self_test_passes_on_cpu():
+    checks = list(FIX.self_test())
+    assert checks and all(check.passed for check in checks), [c for c in checks if not c.passed]
+    assert checks[0].name.startswith("red:")
