@@ -25,17 +25,25 @@ NODE_IDS = {
 
 @pytest.fixture(scope="module")
 def comfy_nodes(comfyui):
+    """ComfyUI's node registry with the pack loaded into it; the pack's process-wide fixes are uninstalled after,
+    so they do not leak into other tests' red controls."""
     import nodes
 
     stock = set(nodes.NODE_CLASS_MAPPINGS)
     assert asyncio.run(nodes.load_custom_node(str(ROOT), ignore=stock)), "ComfyUI failed to load the pack"
-    return nodes
+    yield nodes
+    pack_registry(nodes).uninstall_process_fixes()
+
+
+def pack_registry(nodes):
+    """The registry of the pack as ComfyUI loaded it (a module tree of its own, not minimax_hotfix)."""
+    return sys.modules[nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"].__module__].patches
 
 
 @pytest.fixture
 def counting_fix(comfy_nodes, monkeypatch):
-    """A test fix in the registry of the pack as ComfyUI loaded it (a module tree of its own, not minimax_hotfix)."""
-    registry = sys.modules[comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"].__module__].patches
+    """A test fix in the registry of the pack as ComfyUI loaded it."""
+    registry = pack_registry(comfy_nodes)
     fix = CountingFix()
     fix.targets = ("vae", "clip", "model")
     monkeypatch.setattr(registry, "_fixes", {fix.id: fix})
