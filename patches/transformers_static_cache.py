@@ -20,8 +20,8 @@ Applies to: transformers 5.13.1 to 5.19.0 (5.20.0/5.20.1 unchecked), in any Comf
 ``generate()`` with a static cache itself, custom nodes in the same process do.
 
 Detection ("fixed upstream"): behavioural, on first use. Importing transformers' generation code takes about 2 s, far
-over the pack's import budget, so the pack installs two pass-through wrappers at load without importing transformers
-(at once if ``transformers.generation.utils`` is already imported, else when it is). The first call of either
+over the pack's import budget, so on releases 5.13.1 to 5.20.1 (read from the package metadata) the pack installs two
+pass-through wrappers at load without importing transformers (at once if ``transformers.generation.utils`` is already imported, else when it is). The first call of either
 wrapper probes the real, unwrapped methods once on a tiny random Qwen3 (0.4 to 1 s, mostly importing Qwen3):
 ``prepare_inputs_for_generation`` with host-side inputs, a ``StaticCache`` and the model on a
 FakeTensor ``cuda`` device (do the nested masks reach ``cuda``?), and ``_get_static_cache_init_shape`` with a TP size
@@ -40,6 +40,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import logging
+import re
 import sys
 import threading
 import warnings
@@ -113,6 +114,17 @@ def _transformers_version() -> str:
         return importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+# The releases the guard is installed on: from the first with either bug to the first with both fixed (5.20.0 and
+# 5.20.1 were not checked, so they are included). A cheap pre-filter only; inside it the first use still probes the
+# behaviour before repairing anything, and the doctor's self-test probes every version.
+FIRST_AFFECTED, FIRST_FIXED = (5, 13, 1), (5, 20, 2)
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return tuple(int(n or 0) for n in numbers.groups()) if numbers else None
 
 
 def _unwrapped(mixin, name: str):
@@ -357,6 +369,15 @@ class TransformersStaticCacheFix(Fix):
             return Status(State.NOT_APPLICABLE, "transformers is not installed")
         if _verdict is not None:
             return _verdict.combined()
+        version = _transformers_version()
+        release = _release(version)
+        if release is not None and release >= FIRST_FIXED:
+            return Status(State.FIXED_UPSTREAM, f"transformers {version} moves nested generation inputs and divides KV "
+                                                "heads only for sharded k/v (5.20.2+); no guard installed (the "
+                                                "doctor's self-test probes the behaviour)")
+        if release is not None and release < FIRST_AFFECTED:
+            return Status(State.NOT_APPLICABLE, f"transformers {version} predates the per-layer-type static-cache "
+                                                "masks and the TP early cache init (5.13.1)")
         return Status(State.APPLIED, f"transformers {_transformers_version()}: pass-through guard installed; its "
                                      "first generate() probes the real code once and repairs only what is broken "
                                      "(the doctor's self-test shows the verdict)", provisional=True)

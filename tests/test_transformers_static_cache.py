@@ -195,14 +195,16 @@ def test_install_is_lazy_and_reversible():
         f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
         "from minimax_hotfix.patches import transformers_static_cache as shim, State\n"
         "from minimax_hotfix import patches\n"
-        "assert shim.FIX in patches.fixes_for('process') and patches.status(shim.FIX).state is State.APPLIED\n"
+        "assert shim.FIX in patches.fixes_for('process')\n"
+        "assert patches.status(shim.FIX).state is State.FIXED_UPSTREAM, 'no guard at pack load on a fixed transformers'\n"
+        "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
         "shim.FIX.install(); shim.FIX.install()\n"
         "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
         "from transformers.generation.utils import GenerationMixin as G\n"
         "wrapped = G.__dict__[shim.PREPARE_INPUTS]\n"
         "assert getattr(wrapped, shim.WRAPPED).__qualname__ == 'GenerationMixin.prepare_inputs_for_generation'\n"
         "assert hasattr(G.__dict__[shim.INIT_SHAPE], shim.WRAPPED)\n"
-        "assert shim.FIX.detect().state is State.APPLIED, 'probed before first use'\n"
+        "assert shim._verdict is None, 'probed before first use'\n"
         "shim.FIX.uninstall()\n"
         "assert not hasattr(G.__dict__[shim.PREPARE_INPUTS], shim.WRAPPED) and shim._import_hook is None\n"
         "assert G.__dict__[shim.PREPARE_INPUTS] is getattr(wrapped, shim.WRAPPED)\n"
@@ -213,6 +215,20 @@ def test_install_is_lazy_and_reversible():
 
 
 # -- latest transformers: fixed upstream, the shim does nothing -------------------------------------------------
+
+@latest_only
+def test_latest_version_gets_no_guard_at_pack_load(monkeypatch):
+    monkeypatch.setattr(shim, "_verdict", None)
+    patches.forget_detection()
+    assert patches.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
+    assert shim._verdict is None  # decided without importing or probing transformers
+
+
+def test_release_numbers_bound_the_guard():
+    assert shim._release("5.19.0") == (5, 19, 0) and shim._release("5.20.2.dev0") == (5, 20, 2)
+    assert shim.FIRST_AFFECTED <= shim._release("5.20.1") < shim.FIRST_FIXED <= shim._release("5.24.0")
+    assert shim._release("4.57.6") < shim.FIRST_AFFECTED
+
 
 @latest_only
 def test_latest_probe_finds_both_bugs_fixed_upstream():
@@ -295,6 +311,14 @@ def test_affected_probe_finds_both_bugs():
     assert (found.masks.state, found.tp_heads.state) == (State.APPLIED, State.APPLIED), found
     assert shim.FIX.detect().state is State.APPLIED
     assert all(check.passed for check in shim.FIX.self_test())
+
+
+@affected_only
+def test_affected_version_gets_the_guard_at_pack_load(monkeypatch):
+    monkeypatch.setattr(shim, "_verdict", None)
+    patches.forget_detection()
+    found = patches.status(shim.FIX)  # APPLIED is what makes the registry install it at pack load
+    assert found.state is State.APPLIED and found.provisional
 
 
 @affected_only
