@@ -57,6 +57,18 @@ def _no_grad(tower, pixels, grid):
         tower(pixels, grid)
 
 
+def report_resident(name: str, tower, attach) -> None:
+    """Print patched/unpatched for ``tower`` (hidden 256, depth 2) resident on the CPU, one 16x16-patch image:
+    a deep copy with the fix attached by ``attach`` runs side by side with the original."""
+    grid = torch.tensor([[1, 16, 16]])
+    pixels = torch.randn(16 * 16, 3 * 2 * 16 * 16)
+    patched_tower = copy.deepcopy(tower)
+    attach(patched_tower)
+    stock_ms, ratio = side_by_side(lambda: _no_grad(tower, pixels, grid), lambda: _no_grad(patched_tower, pixels, grid))
+    print(f"{name} Qwen3VLVisionModel, resident on cpu (hidden 256, depth 2, {len(pixels)} patches, "
+          f"{stock_ms:.1f} ms a call): patched/unpatched {ratio:.4f}")
+
+
 def transformers_resident():
     import transformers
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
@@ -70,14 +82,7 @@ def transformers_resident():
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tower = Qwen3VLVisionModel(config).eval()
-    grid = torch.tensor([[1, 16, 16]])
-    pixels = torch.randn(16 * 16, 3 * 2 * 16 * 16)
-
-    patched_tower = copy.deepcopy(tower)
-    fix.attach_to_transformers_model(patched_tower)
-    stock_ms, ratio = side_by_side(lambda: _no_grad(tower, pixels, grid), lambda: _no_grad(patched_tower, pixels, grid))
-    print(f"transformers {transformers.__version__} Qwen3VLVisionModel, resident on cpu (hidden 256, depth 2, "
-          f"{len(pixels)} patches, {stock_ms:.1f} ms a call): patched/unpatched {ratio:.4f}")
+    report_resident(f"transformers {transformers.__version__}", tower, fix.attach_to_transformers_model)
 
 
 def comfyui_resident_and_offloaded():
@@ -97,13 +102,7 @@ def comfyui_resident_and_offloaded():
     tower = Qwen3VLVisionModel(config, dtype=torch.float32, ops=comfy.ops.manual_cast)
     for parameter in tower.parameters():
         torch.nn.init.normal_(parameter, std=0.02)
-    grid = torch.tensor([[1, 16, 16]])
-    pixels = torch.randn(16 * 16, 3 * 2 * 16 * 16)
-    patched_tower = copy.deepcopy(tower)
-    fix.install_on_towers(patched_tower)
-    stock_ms, ratio = side_by_side(lambda: _no_grad(tower, pixels, grid), lambda: _no_grad(patched_tower, pixels, grid))
-    print(f"ComfyUI Qwen3VLVisionModel, resident on cpu (hidden 256, depth 2, {len(pixels)} patches, "
-          f"{stock_ms:.1f} ms a call): patched/unpatched {ratio:.4f}")
+    report_resident("ComfyUI", tower, fix.install_on_towers)
 
     h3 = {**QWEN3VL_VISION_COMMON, **QWEN3VL_VISION["qwen3vl_32b"], "out_hidden_size": 64, "depth": 0,
           "deepstack_visual_indexes": []}

@@ -4,9 +4,10 @@
 * ``track_compute_device`` / ``compute_device`` (``computing_on`` for tests): the device a module computes on,
   recorded per call. It lives in a ContextVar frame that the module's own forward opens and closes, so two jobs
   in two threads (each thread has its own context) never see each other's device, and nothing is stored on the
-  shared module.
+  shared module. ``remove_handles`` takes the hooks (and any other ``.remove()`` handles) off again.
 * ``interpolated_position_table``: the bilinear resampling of the square learned position table to each image's
-  patch grid, computed on a device the caller chooses, with the same float operations as the towers' own method.
+  patch grid (``grid_shapes`` reads that from a ``grid_thw`` tensor), computed on a device the caller chooses,
+  with the same float operations as the towers' own method.
 * ``gather_rows``: an embedding lookup whose weight lives on another device than its result is needed on.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -96,9 +97,20 @@ def track_compute_device(module: torch.nn.Module, input_name: str, refine_from: 
     return handles
 
 
+def remove_handles(handles) -> None:
+    """Remove ``handles`` newest first, so attribute overrides stacked on one name restore the original."""
+    for handle in reversed(handles):
+        handle.remove()
+
+
+def grid_shapes(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``grid_thw``'s rows as ``(t, h, w)`` ints, the form ``interpolated_position_table`` takes."""
+    return [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
+
+
 def interpolated_position_table(
     lookup: Callable[[torch.Tensor], torch.Tensor],
-    grid: list[tuple[int, int, int]],
+    grid: Sequence[tuple[int, int, int]],
     num_grid_per_side: int,
     merge_size: int,
     table_dtype: torch.dtype,

@@ -33,7 +33,9 @@ from typing import Iterable
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, interpolated_position_table, track_compute_device
+from ..kernels.qwen3vl_pos_embed import (
+    compute_device, grid_shapes, interpolated_position_table, remove_handles, track_compute_device,
+)
 from ._comfy import comfy_module
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
 
@@ -55,10 +57,6 @@ def _casts_weight(embedding) -> bool:
                 or getattr(embedding, "bias_function", None))
 
 
-def _grid(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:
-    return [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
-
-
 def _table_on_compute_device(tower, stock):
     """``tower.fast_pos_embed_interpolate``, built on the device the current call computes on."""
 
@@ -67,7 +65,7 @@ def _table_on_compute_device(tower, stock):
         embedding = tower.pos_embed
         if device is None or embedding.weight.device == device or not _casts_weight(embedding):
             return stock(grid_thw)
-        return interpolated_position_table(embedding, _grid(grid_thw), tower.num_grid_per_side,
+        return interpolated_position_table(embedding, grid_shapes(grid_thw), tower.num_grid_per_side,
                                            tower.spatial_merge_size, embedding.weight.dtype, device)
 
     return fast_pos_embed_interpolate
@@ -87,28 +85,30 @@ def install_on_towers(model: torch.nn.Module) -> list:
     return handles
 
 
-def tiny_tower(dtype=torch.float32):
-    """A random tiny ComfyUI Qwen3-VL vision tower with the stock ``manual_cast`` ops, on CPU (detect, tests)."""
+def tiny_tower(dtype=torch.float32, ops=None):
+    """A random tiny ComfyUI Qwen3-VL vision tower on CPU (detect, tests), with ``ops`` or else the stock
+    ``manual_cast``; the same weights whatever the ops."""
     import comfy.ops
     from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
 
     generator = torch.Generator().manual_seed(0)
     tower = Qwen3VLVisionModel({**TINY_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype,
-                               ops=comfy.ops.manual_cast)
+                               ops=ops or comfy.ops.manual_cast)
     for parameter in tower.parameters():
         parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
     return tower
+
+
+def tiny_pixels(seed: int = 1) -> torch.Tensor:
+    """Random patch rows for ``TINY_GRID`` (one row per patch: channels x temporal patch x patch²)."""
+    row = TINY_TOWER["in_channels"] * TINY_TOWER["temporal_patch_size"] * TINY_TOWER["patch_size"] ** 2
+    return torch.randn(sum(t * h * w for t, h, w in TINY_GRID), row, generator=torch.Generator().manual_seed(seed))
 
 
 def outputs(output) -> list[torch.Tensor]:
     """The tower's merged tokens and DeepStack features, as one list."""
     merged, deepstack = output
     return [merged, *deepstack]
-
-
-def remove_handles(handles) -> None:
-    for handle in reversed(handles):
-        handle.remove()
 
 
 class Qwen3VLPosEmbedFix(Fix):
@@ -131,11 +131,10 @@ class Qwen3VLPosEmbedFix(Fix):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
         tower = tiny_tower()
-        grid = torch.tensor(TINY_GRID)
-        ours = interpolated_position_table(tower.pos_embed, _grid(grid), tower.num_grid_per_side,
+        ours = interpolated_position_table(tower.pos_embed, TINY_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))
-        if not torch.equal(ours, tower.fast_pos_embed_interpolate(grid)):
+        if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_GRID))):
             return Status(State.DISABLED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
         return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
@@ -154,8 +153,7 @@ class Qwen3VLPosEmbedFix(Fix):
         checks = []
         tower = tiny_tower()
         grid = torch.tensor(TINY_GRID)
-        pixels = torch.randn(sum(t * h * w for t, h, w in TINY_GRID), 3 * 2 * 4 * 4,
-                             generator=torch.Generator().manual_seed(1))
+        pixels = tiny_pixels()
         resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
         with_fix = install_on_towers(tower)
         try:

@@ -30,7 +30,7 @@ attaches nothing).
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import inspect
 import logging
 import re
@@ -40,7 +40,8 @@ from typing import Iterable
 import torch
 
 from ..kernels.qwen3vl_pos_embed import (
-    compute_device, gather_rows, interpolated_position_table, track_compute_device,
+    compute_device, computing_on, gather_rows, grid_shapes, interpolated_position_table, remove_handles,
+    track_compute_device,
 )
 from ._fix import AttributeOverride, Check, Fix, State, Status
 
@@ -75,8 +76,7 @@ def _table_on_compute_device(tower, stock):
         if device is None or weight.device == device:
             return stock(grid_thw)
         if weight.is_meta:  # an offload hook brings the weight at call time; the stock method would build on meta
-            grid = [(int(t), int(h), int(w)) for t, h, w in grid_thw.tolist()]
-            return interpolated_position_table(tower.pos_embed, grid, tower.num_grid_per_side,
+            return interpolated_position_table(tower.pos_embed, grid_shapes(grid_thw), tower.num_grid_per_side,
                                                tower.config.spatial_merge_size, weight.dtype, device)
         return stock(grid_thw).to(device)
 
@@ -84,6 +84,8 @@ def _table_on_compute_device(tower, stock):
 
 
 def _result_on_compute_device(tower, stock):
+    """Method form: ``stock`` (``rot_pos_emb``) with its result moved to the device the current call computes on."""
+
     def on_compute_device(*args, **kwargs):
         result = stock(*args, **kwargs)
         device = compute_device(tower)
@@ -98,9 +100,9 @@ def _rows_on_compute_device(tower, stock):
 
     def forward(indices):
         device = compute_device(tower)
-        weight = embedding.weight
         if device is None:
             return stock(indices)
+        weight = embedding.weight
         if weight.is_meta:  # an offload hook places weight and indices itself
             return stock(indices).to(device)
         return gather_rows(stock, indices, embedding.num_embeddings, weight.device, device)
@@ -109,12 +111,13 @@ def _rows_on_compute_device(tower, stock):
 
 
 def _grid_follows_activations(tower, args, kwargs):
+    """Indexing form, forward pre-hook: ``grid_thw`` moved to ``hidden_states``' device (None: leave the call as is)."""
     hidden = args[0] if args else kwargs.get("hidden_states")
-    in_args = len(args) > 1
-    grid = args[1] if in_args else kwargs.get("grid_thw")
+    grid_positional = len(args) > 1
+    grid = args[1] if grid_positional else kwargs.get("grid_thw")
     if not isinstance(hidden, torch.Tensor) or not isinstance(grid, torch.Tensor) or grid.device == hidden.device:
         return None
-    if in_args:
+    if grid_positional:
         return (args[0], grid.to(hidden.device), *args[2:]), kwargs
     return args, {**kwargs, "grid_thw": grid.to(hidden.device)}
 
@@ -135,8 +138,7 @@ def _install(tower, form: str) -> list:
 
 
 def _detach_tower(tower) -> None:
-    for handle in reversed(_attached.pop(tower, [])):
-        handle.remove()
+    remove_handles(_attached.pop(tower, []))
 
 
 def attach_to_transformers_model(model: torch.nn.Module) -> list[str]:
@@ -181,8 +183,6 @@ def detach_from_transformers_model(model: torch.nn.Module) -> None:
 
 
 def _reference_tower_class():
-    if importlib.util.find_spec("transformers") is None:
-        return None
     try:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
     except ImportError:
@@ -214,6 +214,25 @@ def tiny_inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def outputs(result) -> list[torch.Tensor]:
     return [result.last_hidden_state, result.pooler_output, *result.deepstack_features]
+
+
+@contextlib.contextmanager
+def _installed(tower, form: str):
+    """The fix on the self-test's private ``tower`` for one step of the check."""
+    handles = _install(tower, form)
+    try:
+        yield
+    finally:
+        remove_handles(handles)
+
+
+def _fails_check(name: str, call) -> Check:
+    """A red control: passes when ``call`` raises the device-mismatch RuntimeError."""
+    try:
+        call()
+    except RuntimeError as exc:
+        return Check(name, True, str(exc).splitlines()[0][:120])
+    return Check(name, False, "it ran")
 
 
 class TransformersQwen3VLPosEmbedFix(Fix):
@@ -251,26 +270,23 @@ class TransformersQwen3VLPosEmbedFix(Fix):
         if _reference_tower_class() is None:
             return ()
         tower = tiny_tower()
+        form = _forward_form(type(tower))
         pixels, grid = tiny_inputs()
         with torch.no_grad():
             reference = outputs(tower(pixels, grid))
-            _attached[tower] = _install(tower, _forward_form(type(tower)))
-            try:
+            with _installed(tower, form):
                 patched = outputs(tower(pixels, grid))
-            finally:
-                _detach_tower(tower)
         checks = [Check("green: all on cpu, outputs bit-identical to the unpatched tower",
                         all(map(torch.equal, patched, reference)))]
-        return checks + list(_cross_device_checks(tower, pixels, grid, reference))
+        return checks + list(_cross_device_checks(tower, form, pixels, grid, reference))
 
 
-def _cross_device_checks(tower, pixels, grid, reference) -> Iterable[Check]:
+def _cross_device_checks(tower, form: str, pixels, grid, reference) -> Iterable[Check]:
     """Red/green with ``pos_embed`` on another device than the activations: end to end on a real accelerator;
     on a CPU-only machine with the stand-in each form allows (see docs/qwen3vl_pos_embed.md)."""
     from ._devices import real_accelerator
 
     accelerator = real_accelerator()
-    form = _forward_form(type(tower))
     if accelerator is None and form == INDEXING_FORM:
         yield from _fake_cuda_gather_checks(tower, len(pixels))
         return
@@ -285,20 +301,13 @@ def _cross_device_checks(tower, pixels, grid, reference) -> Iterable[Check]:
             tower.pos_embed.weight = torch.nn.Parameter(torch.randn(tower.pos_embed.weight.shape))
             args = (pixels.to("meta"), grid)
             label = "pos_embed on cpu, compute on meta"
-        try:
-            tower(*args)
-        except RuntimeError as exc:
-            yield Check(f"red: unpatched, {label}: forward fails", True, str(exc).splitlines()[0][:120])
-        else:
-            yield Check(f"red: unpatched, {label}: forward fails", False, "it ran")
-        _attached[tower] = _install(tower, form)
-        try:
-            fixed = outputs(tower(*args))
-        except Exception as exc:
-            yield Check(f"green: patched, {label}: forward runs", False, f"{type(exc).__name__}: {exc}")
-            return
-        finally:
-            _detach_tower(tower)
+        yield _fails_check(f"red: unpatched, {label}: forward fails", lambda: tower(*args))
+        with _installed(tower, form):
+            try:
+                fixed = outputs(tower(*args))
+            except Exception as exc:
+                yield Check(f"green: patched, {label}: forward runs", False, f"{type(exc).__name__}: {exc}")
+                return
     if accelerator is None:
         passed = all(t.device.type == "meta" for t in fixed) and [t.shape for t in fixed] == [
             t.shape for t in reference]
@@ -311,7 +320,6 @@ def _cross_device_checks(tower, pixels, grid, reference) -> Iterable[Check]:
 def _fake_cuda_gather_checks(tower, patches: int) -> Iterable[Check]:
     """Indexing form without an accelerator: its forward needs grid data on the compute device, so only the gather
     is checked, with the weight on a FakeTensor cuda:0 and the call computing on the CPU."""
-    from ..kernels.qwen3vl_pos_embed import computing_on
     from ._devices import fake_cuda_mode, on_fake_cuda
 
     indices = torch.randint(0, tower.pos_embed.num_embeddings, (patches, 4), generator=torch.Generator().manual_seed(2))
@@ -319,17 +327,9 @@ def _fake_cuda_gather_checks(tower, patches: int) -> Iterable[Check]:
     with fake_cuda_mode() as mode:
         tower.pos_embed.weight = torch.nn.Parameter(on_fake_cuda(mode, tower.pos_embed.weight), requires_grad=False)
         with computing_on(tower, torch.device("cpu")):
-            try:
-                tower.pos_embed(indices)
-            except RuntimeError as exc:
-                yield Check(f"red: unpatched, {label}: the gather fails", True, str(exc).splitlines()[0][:120])
-            else:
-                yield Check(f"red: unpatched, {label}: the gather fails", False, "it ran")
-            _attached[tower] = _install(tower, INDEXING_FORM)
-            try:
+            yield _fails_check(f"red: unpatched, {label}: the gather fails", lambda: tower.pos_embed(indices))
+            with _installed(tower, INDEXING_FORM):
                 rows = tower.pos_embed(indices)
-            finally:
-                _detach_tower(tower)
     yield Check(f"green: patched, {label}: the rows come back on cpu",
                 rows.device.type == "cpu" and rows.shape == (patches, 4, tower.pos_embed.embedding_dim))
 

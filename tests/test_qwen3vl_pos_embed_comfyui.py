@@ -15,6 +15,7 @@ from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
 
 GRID = fix.TINY_GRID
+pixels = fix.tiny_pixels
 
 
 @pytest.fixture(autouse=True)
@@ -25,29 +26,15 @@ def fresh_detection(comfyui, monkeypatch):
     patches.forget_detection()
 
 
-def pixels(seed=1):
-    return torch.randn(sum(t * h * w for t, h, w in GRID), 96, generator=torch.Generator().manual_seed(seed))
-
-
 def offloaded_tower(ops_name="manual_cast"):
     """Every weight on meta (the compute device stand-in) except pos_embed's, which stays in CPU RAM."""
     import comfy.ops
 
-    tower = fix.tiny_tower()
-    if ops_name != "manual_cast":
-        tower = _rebuilt_with(getattr(comfy.ops, ops_name), tower)
+    tower = fix.tiny_tower(ops=getattr(comfy.ops, ops_name))
     weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
     tower.to("meta")
     tower.pos_embed.weight = weight
     return tower
-
-
-def _rebuilt_with(ops, tower):
-    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
-
-    rebuilt = Qwen3VLVisionModel({**fix.TINY_TOWER, "deepstack_visual_indexes": [0]}, dtype=torch.float32, ops=ops)
-    rebuilt.load_state_dict(tower.state_dict())
-    return rebuilt
 
 
 def gather_devices(tower):
@@ -158,6 +145,7 @@ def test_two_threads_no_cross_talk(layout):
     fix.install_on_towers(on_cpu)
     if on_meta is not on_cpu:
         fix.install_on_towers(on_meta)
+
     def cpu_call():
         return all(map(torch.equal, fix.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))
 

@@ -125,12 +125,18 @@ def test_method_form_table_follows_the_activations(offloaded):
     assert [t.shape for t in patched] == [t.shape for t in reference]
 
 
-@method_form
-def test_method_form_offloaded_meta_weight_gives_the_reference_values():
+def _offloaded_pos_embed_tower():
+    """A tiny tower whose pos_embed is offload-style (meta weight), its inputs, and its outputs before offloading."""
     tower = fix.tiny_tower()
     pixels, grid = fix.tiny_inputs()
     reference = run(tower, pixels, grid)
     tower.pos_embed = OffloadedEmbedding(tower.pos_embed)
+    return tower, pixels, grid, reference
+
+
+@method_form
+def test_method_form_offloaded_meta_weight_gives_the_reference_values():
+    tower, pixels, grid, reference = _offloaded_pos_embed_tower()
     with pytest.raises((RuntimeError, NotImplementedError)):  # the stock method builds its indices on meta
         run(tower, pixels, grid)
 
@@ -195,10 +201,7 @@ def test_indexing_form_grid_follows_the_activations():
 
 @indexing_form
 def test_indexing_form_offloaded_meta_weight_still_works():
-    tower = fix.tiny_tower()
-    pixels, grid = fix.tiny_inputs()
-    reference = run(tower, pixels, grid)
-    tower.pos_embed = OffloadedEmbedding(tower.pos_embed)
+    tower, pixels, grid, reference = _offloaded_pos_embed_tower()
     assert all(torch.equal(a, b) for a, b in zip(run(tower, pixels, grid), reference))
     fix.attach_to_transformers_model(tower)
     assert all(torch.equal(a, b) for a, b in zip(run(tower, pixels, grid), reference))
@@ -231,6 +234,7 @@ def test_two_threads_two_devices_no_cross_talk():
     reference = run(resident, pixels, grid)
     fix.attach_to_transformers_model(resident)
     cross_device = _cross_device_call()
+
     def resident_call():
         return all(torch.equal(a, b) for a, b in zip(run(resident, pixels, grid), reference))
 
@@ -270,7 +274,7 @@ def test_transformers_5_8_in_a_subprocess():
         pytest.skip("this is the subprocess run")
     if not (EXTRA_5_8 / "transformers").is_dir():
         pytest.skip("needs transformers 5.8.0 in .venv/extra/transformers-5.8.0: pip install --no-deps --target "
-                    ".venv/extra/transformers-5.8.0 -r tests/requirements-transformers-5.8.txt")
+                    ".venv/extra/transformers-5.8.0 -r tests/requirements-transformers-5.8.0.txt")
     env = {**os.environ, EXPECTED_VERSION: "5.8.0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(EXTRA_5_8), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
