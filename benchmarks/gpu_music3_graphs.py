@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
-from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, decide_unit  # noqa: E402
+from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, capture_allowed_on  # noqa: E402
 from minimax_hotfix.kernels.tiny_decoder import (CudaGraphs, HostWeightLinear, TinyConfig, build_decoder,  # noqa: E402
                                                  decode_hidden_states)
 
@@ -81,10 +81,6 @@ def decoded(model, args, device, runner=None, static_buffers=False, steps=None):
 
 def max_abs_diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
-
-
-def policy(device):
-    return lambda unit: decide_unit([unit], device).capture
 
 
 def best_seconds(args, run) -> float:
@@ -155,7 +151,7 @@ def capture_checks(args, device, report, argv):
         print(output[-2000:])
     model = model_for(args, device, q4_layers=(args.gguf_layer,))
     reference = decoded(model, args, device)
-    runner = CudaGraphs(device, capture_allowed=policy(device))
+    runner = CudaGraphs(device, capture_allowed=capture_allowed_on(device))
     diff = max_abs_diff(decoded(model, args, device, runner=runner, static_buffers=True), reference)
     report.figures.update(policy_units_captured=len(runner.graphs), policy_units_eager=len(runner.refused),
                           policy_max_abs_diff=diff)
@@ -190,10 +186,10 @@ def pinning_checks(args, device, report):
     for pinned in (False, True):
         model, nbytes = with_host_layer(pinned)
         reference = decoded(model, args, device)
-        runner = CudaGraphs(device, capture_allowed=policy(device))
+        runner = CudaGraphs(device, capture_allowed=capture_allowed_on(device))
         diff = max_abs_diff(decoded(model, args, device, runner=runner, static_buffers=True), reference)
         ms, _ = ms_per_step(args, lambda steps: decoded(model, args, device, runner=CudaGraphs(
-            device, capture_allowed=policy(device)), static_buffers=True, steps=steps))
+            device, capture_allowed=capture_allowed_on(device)), static_buffers=True, steps=steps))
         results[pinned] = (ms, len(runner.graphs), diff)
     (eager_ms, eager_units, eager_diff), (pinned_ms, pinned_units, pinned_diff) = results[False], results[True]
     report.figures.update(host_unit_eager_ms_per_step=eager_ms, host_unit_pinned_captured_ms_per_step=pinned_ms,

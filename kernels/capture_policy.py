@@ -86,6 +86,11 @@ def decide_unit(roots: Iterable[torch.nn.Module], device) -> UnitDecision:
     return UnitDecision(True, "all weights are on the device, pinned, or streamed by the dynamic-VRAM allocator")
 
 
+def capture_allowed_on(device):
+    """``decide_unit`` as a graph runner's ``capture_allowed(module)``, for units of one root module."""
+    return lambda unit: decide_unit((unit,), device).capture
+
+
 def _refuse_host_copy(source, target) -> None:
     if target is not None and torch.device(target).type != "cpu":
         if not isinstance(source, torch.Tensor) or is_pageable_host_tensor(source):

@@ -42,6 +42,10 @@ class TinyConfig:
         return self.hidden // self.heads
 
 
+# Small enough for the doctor's self-tests on a CPU, deep enough that a stale replay reaches the next layer's input.
+SMALL_CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16, vocab=64)
+
+
 def quantize_q4_0(weight: torch.Tensor) -> torch.Tensor:
     """GGUF Q4_0 blocks (fp16 scale + 16 bytes of nibbles per 32 values), bit-identical to ``gguf.quants``."""
     blocks = weight.detach().float().reshape(-1, Q4_0_BLOCK)

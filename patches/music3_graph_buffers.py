@@ -34,13 +34,12 @@ import inspect
 import torch
 
 from ..kernels.static_buffers import StaticBufferPool, tensor_key, with_decode_buffers
-from ..kernels.tiny_decoder import CudaGraphs, EmulatedGraphs, TinyConfig, build_decoder, decode_hidden_states
+from ..kernels.tiny_decoder import SMALL_CONFIG, CudaGraphs, EmulatedGraphs, build_decoder, decode_hidden_states
 from ._comfy import comfy_module
 from ._devices import real_accelerator
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
 
 FIX_ID = "music3_graph_buffers"
-SELF_TEST_CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16, vocab=64)
 SELF_TEST_STEPS = 8
 
 
@@ -101,7 +100,7 @@ class Music3GraphBuffers(Fix):
         graphs = (lambda: CudaGraphs(device)) if on_cuda else EmulatedGraphs
         kind = "CUDA graphs" if on_cuda else "emulated graphs (CPU)"
         with torch.no_grad():
-            model = build_decoder(SELF_TEST_CONFIG, device)
+            model = build_decoder(SMALL_CONFIG, device)
             reference = decode_hidden_states(model, SELF_TEST_STEPS, device=device)
             stale = decode_hidden_states(model, SELF_TEST_STEPS, runner=graphs(), device=device)
             fixed = decode_hidden_states(model, SELF_TEST_STEPS, runner=graphs(), static_buffers=True, device=device)

@@ -38,8 +38,8 @@ import re
 
 import torch
 
-from ..kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, decide_unit, emulated_capture
-from ..kernels.tiny_decoder import (CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, TinyConfig, build_decoder,
+from ..kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, decide_unit
+from ..kernels.tiny_decoder import (SMALL_CONFIG, CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, build_decoder,
                                     decode_hidden_states)
 from ._comfy import comfy_module
 from ._devices import real_accelerator
@@ -49,7 +49,6 @@ log = logging.getLogger("minimax_hotfix")
 
 FIX_ID = "music3_graph_capture"
 GRAPH_GATE = re.compile(r'enable_graph\s*=\s*enable_graph\b[^\n]*getattr\(module,\s*"_v_block",\s*None\)\s*is not None')
-SELF_TEST_CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16, vocab=64)
 SELF_TEST_STEPS = 6
 GGUF_LAYER = 1
 
@@ -119,13 +118,9 @@ class Music3GraphCapture(Fix):
                 yield cuda_check(device)
 
 
-def policy(device):
-    return lambda unit: decide_unit([unit], device).capture
-
-
 def emulated_checks():
     meta = torch.device("meta")
-    model = build_decoder(SELF_TEST_CONFIG, meta, q4_layers=(GGUF_LAYER,))
+    model = build_decoder(SMALL_CONFIG, meta, q4_layers=(GGUF_LAYER,))
     try:
         decode_hidden_states(model, SELF_TEST_STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
         error = ""
@@ -133,24 +128,24 @@ def emulated_checks():
         error = str(exc)
     yield Check("red: capturing every unit hits the Q4_0 layer's host copy (emulated capture)",
                 error == CAPTURE_HOST_COPY_ERROR, error or "no error")
-    runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+    runner = EmulatedGraphs(capture_allowed=capture_allowed_on(meta), capture_rules=True)
     decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, device=meta)
     refused = [index for index, layer in enumerate(model.layers) if layer in runner.refused]
     yield Check("green: only the Q4_0 unit runs uncaptured, the others keep their graphs",
-                refused == [GGUF_LAYER] and len(runner.graphs) == SELF_TEST_CONFIG.layers - 1,
+                refused == [GGUF_LAYER] and len(runner.graphs) == SMALL_CONFIG.layers - 1,
                 f"uncaptured layers {refused}, captured {len(runner.graphs)}")
     yield Check("green: the policy names the reason", "GGUF Q4_0" in decide_unit(
         [GGUFStyleQ4Linear.from_linear(torch.nn.Linear(32, 4, bias=False))], meta).reason)
 
 
 def cuda_check(device):
-    model = build_decoder(SELF_TEST_CONFIG, device, q4_layers=(GGUF_LAYER,))
+    model = build_decoder(SMALL_CONFIG, device, q4_layers=(GGUF_LAYER,))
     reference = decode_hidden_states(model, SELF_TEST_STEPS, device=device)
-    runner = CudaGraphs(device, capture_allowed=policy(device))
+    runner = CudaGraphs(device, capture_allowed=capture_allowed_on(device))
     graphed = decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, static_buffers=True, device=device)
     diff = (graphed - reference).abs().max().item()
     return Check("green: real CUDA graphs with the policy equal graphs off", diff == 0 and len(runner.graphs) ==
-                 SELF_TEST_CONFIG.layers - 1, f"max abs diff {diff:.3g}, captured {len(runner.graphs)} units")
+                 SMALL_CONFIG.layers - 1, f"max abs diff {diff:.3g}, captured {len(runner.graphs)} units")
 
 
 FIX = Music3GraphCapture()

@@ -10,8 +10,8 @@ from minimax_hotfix.kernels.static_buffers import (StaticBufferPool, is_graphed_
                                                    with_decode_buffers)
 from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, TinyCache, TinyConfig, build_decoder,
                                                  decode_hidden_states)
-from minimax_hotfix.patches import State
 from minimax_hotfix.patches.music3_graph_buffers import FIX
+from music3_support import check_not_applicable_without_comfyui, check_self_test_red_then_green
 
 CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=24, vocab=64)
 STEPS = 12
@@ -129,9 +129,7 @@ def test_green_graph_replay_with_pooled_buffers_equals_graphs_off():
 # --- the fix object -------------------------------------------------------------------------------------------------
 
 def test_without_comfyui_the_fix_is_not_applicable():
-    if FIX.detect().state is not State.NOT_APPLICABLE:
-        pytest.skip("ComfyUI is importable here; see test_music3_graphs_comfyui.py")
-    assert "not importable" in FIX.detect().reason
+    check_not_applicable_without_comfyui(FIX)
 
 
 def test_install_leaves_other_models_alone():
@@ -140,6 +138,4 @@ def test_install_leaves_other_models_alone():
 
 
 def test_self_test_passes_on_cpu():
-    checks = list(FIX.self_test())
-    assert checks and all(check.passed for check in checks), [c for c in checks if not c.passed]
-    assert checks[0].name.startswith("red:")
+    check_self_test_red_then_green(FIX)

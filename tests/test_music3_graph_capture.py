@@ -2,18 +2,16 @@
 and read with the ``gguf`` package) and residency, and a decoder run under emulated capture rules fails without it
 (red) and keeps every other unit's graph with it (green). The ComfyUI half is in test_music3_graphs_comfyui.py."""
 
-from dataclasses import dataclass
-
-import numpy as np
 import pytest
 import torch
 
-from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, decide_unit, emulated_capture, ggml_type
-from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, GGUFStyleQ4Linear, HostWeightLinear, TinyConfig,
-                                                 build_decoder, decode_hidden_states, dequantize_q4_0,
-                                                 quantize_q4_0)
-from minimax_hotfix.patches import State
+from minimax_hotfix.kernels.capture_policy import (CAPTURE_HOST_COPY_ERROR, capture_allowed_on, decide_unit,
+                                                   emulated_capture, ggml_type)
+from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, HostWeightLinear, TinyConfig, build_decoder,
+                                                 decode_hidden_states, dequantize_q4_0, quantize_q4_0)
 from minimax_hotfix.patches.music3_graph_capture import FIX
+from music3_support import (GGMLLayoutParams, GGMLTensor, check_not_applicable_without_comfyui,
+                            check_self_test_red_then_green, ggml_layout_tensor, write_and_read_gguf)
 
 gguf = pytest.importorskip("gguf")
 
@@ -21,78 +19,6 @@ CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=16,
 STEPS = 6
 GGUF_LAYER = 1
 CUDA = torch.device("cuda")  # a device object only: nothing is allocated on it
-
-
-# --- real GGUF tensors, in the two shapes ComfyUI-GGUF hands to ComfyUI --------------------------------------------
-
-def write_and_read_gguf(path, weights: dict, qtype) -> dict:
-    """Quantize with the gguf package, write a .gguf file, read it back: {name: (raw bytes, torch shape, type)}."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for name, weight in weights.items():
-        writer.add_tensor(name, gguf.quants.quantize(weight.numpy(), qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return {t.name: (torch.from_numpy(np.array(t.data)), tuple(int(d) for d in reversed(t.shape)), t.tensor_type)
-            for t in gguf.GGUFReader(str(path)).tensors}
-
-
-class GGMLTensor(torch.Tensor):
-    """ComfyUI-GGUF's legacy weight: raw GGUF bytes with ``tensor_type`` and ``tensor_shape`` (GGMLOps loaders)."""
-
-    def __new__(cls, data, tensor_type, tensor_shape):
-        tensor = torch.Tensor._make_subclass(cls, data)
-        tensor.tensor_type, tensor.tensor_shape = tensor_type, tensor_shape
-        return tensor
-
-    def detach(self, *args, **kwargs):
-        return self  # as ComfyUI-GGUF's: nn.Parameter(weight) then keeps the tensor and its GGUF type
-
-
-def ggml_layout_tensor(raw, shape, tensor_type, orig_dtype=torch.bfloat16):
-    """ComfyUI-GGUF's dynamic-VRAM weight: a comfy-kitchen QuantizedTensor with a "GGMLLayout" layout."""
-    from comfy_kitchen.tensor import QuantizedTensor
-
-    params = GGMLLayoutParams(scale=torch.ones(()), orig_dtype=orig_dtype, orig_shape=tuple(shape),
-                              tensor_type=int(tensor_type))
-    return QuantizedTensor(raw, "GGMLLayout", params)
-
-
-try:
-    from comfy_kitchen.tensor import BaseLayoutParams, QuantizedLayout, get_layout_class, register_layout_class
-
-    @dataclass(frozen=True)
-    class GGMLLayoutParams(BaseLayoutParams):
-        tensor_type: int
-
-    class GGMLLayout(QuantizedLayout):
-        """Q4_0 only, dequantized as ComfyUI-GGUF does (shift tables from Python lists)."""
-
-        Params = GGMLLayoutParams
-
-        @classmethod
-        def quantize(cls, tensor, **kwargs):
-            raise NotImplementedError
-
-        @classmethod
-        def dequantize(cls, qdata, params):
-            return dequantize_q4_0(qdata.reshape(-1, 18), params.orig_shape, params.orig_dtype)
-
-        @classmethod
-        def get_plain_tensors(cls, qtensor):
-            return (qtensor._qdata,)
-
-        @classmethod
-        def state_dict_tensors(cls, qdata, params):
-            return {"weight": qdata}
-
-    try:
-        get_layout_class("GGMLLayout")
-    except (KeyError, ValueError):
-        register_layout_class("GGMLLayout", GGMLLayout)
-except ImportError:  # comfy-kitchen is in the test requirements; without it only its test is skipped
-    GGMLLayoutParams = None
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +103,6 @@ def test_the_decision_is_per_unit(q4_0):
 
 # --- a decoder under emulated capture rules: red without the policy, green with it --------------------------------
 
-def policy(device):
-    return lambda unit: decide_unit([unit], device).capture
-
-
 def test_emulated_capture_rules_are_the_real_ones_shape():
     meta = torch.device("meta")
     with emulated_capture():
@@ -203,7 +125,7 @@ def test_red_capturing_every_unit_hits_the_q4_0_host_copy():
 def test_green_only_the_q4_0_unit_runs_uncaptured():
     meta = torch.device("meta")
     model = build_decoder(CONFIG, meta, q4_layers=(GGUF_LAYER,))
-    runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+    runner = EmulatedGraphs(capture_allowed=capture_allowed_on(meta), capture_rules=True)
     with torch.no_grad():
         decode_hidden_states(model, STEPS, runner=runner, device=meta)
     assert runner.refused == {model.layers[GGUF_LAYER]}
@@ -217,7 +139,7 @@ def test_red_green_host_resident_weight():
     with torch.no_grad():
         with pytest.raises(RuntimeError, match="unless the CPU tensor is pinned"):
             decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
-        runner = EmulatedGraphs(capture_allowed=policy(meta), capture_rules=True)
+        runner = EmulatedGraphs(capture_allowed=capture_allowed_on(meta), capture_rules=True)
         decode_hidden_states(model, STEPS, runner=runner, device=meta)
     assert runner.refused == {model.layers[0]} and len(runner.graphs) == CONFIG.layers - 1
 
@@ -226,7 +148,7 @@ def test_green_values_with_the_policy_equal_graphs_off():
     model = build_decoder(CONFIG, "cpu", q4_layers=(GGUF_LAYER,))
     with torch.no_grad():
         reference = decode_hidden_states(model, STEPS)
-        graphed = decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_allowed=policy("cpu")),
+        graphed = decode_hidden_states(model, STEPS, runner=EmulatedGraphs(capture_allowed=capture_allowed_on("cpu")),
                                        static_buffers=True)
     assert torch.equal(graphed, reference)
 
@@ -234,12 +156,8 @@ def test_green_values_with_the_policy_equal_graphs_off():
 # --- the fix object -------------------------------------------------------------------------------------------------
 
 def test_without_comfyui_the_fix_is_not_applicable():
-    if FIX.detect().state is not State.NOT_APPLICABLE:
-        pytest.skip("ComfyUI is importable here; see test_music3_graphs_comfyui.py")
-    assert "not importable" in FIX.detect().reason
+    check_not_applicable_without_comfyui(FIX)
 
 
 def test_self_test_passes_on_cpu():
-    checks = list(FIX.self_test())
-    assert checks and all(check.passed for check in checks), [c for c in checks if not c.passed]
-    assert checks[0].name.startswith("red:")
+    check_self_test_red_then_green(FIX)

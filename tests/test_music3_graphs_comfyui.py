@@ -26,6 +26,7 @@ from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, emula
 from minimax_hotfix.patches import State
 from minimax_hotfix.patches.music3_graph_buffers import FIX as BUFFERS
 from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE, graph_units
+from music3_support import ggml_layout_tensor, write_and_read_gguf
 
 TINY_CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                    num_key_value_heads=1, audio_vocab_size=16, audio_num_codebooks=3, decoder_num_heads=2,
@@ -192,7 +193,6 @@ def test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward(comf
 
 
 def gguf_q4_0_down_proj(tmp_path):
-    from test_music3_graph_capture import ggml_layout_tensor, write_and_read_gguf
     import gguf
 
     torch.manual_seed(1)
