@@ -5,6 +5,8 @@
   torch 2.15, and a build may lack it on any backend.
 * ``DequantizedWeightCache``: one layer's dequantized weight, kept while the weight is unchanged, so the fallback
   does not dequantize on every call.
+* ``DequantizedLinear``: a layer's replacement ``forward``: the layer's own (fused int8) forward where the input's
+  device has int8 compute, ``F.linear`` with the cached dequantized weight where it has not.
 
 No ComfyUI imports here.
 """
@@ -16,6 +18,7 @@ import weakref
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 # CUDA's _int_mm wants more than 16 rows and inner/outer sizes that are multiples of 8; 32 satisfies every backend.
 _PROBE_SIZE = 32
@@ -26,9 +29,9 @@ _int8_compute: dict[torch.device, bool] = {}
 
 def int8_compute_available(device) -> bool:
     """Whether ``torch._int_mm`` runs on ``device`` and returns the right numbers (probed once per device)."""
-    device = torch.device(device)
-    found = _int8_compute.get(device)
+    found = _int8_compute.get(device)  # every diverted call asks with x.device: skip normalizing on a hit
     if found is None:
+        device = torch.device(device)
         with _probe_lock:
             found = _int8_compute.get(device)
             if found is None:
@@ -99,3 +102,40 @@ class DequantizedWeightCache:
     @property
     def nbytes(self) -> int:
         return 0 if self._weight is None else self._weight.numel() * self._weight.element_size()
+
+
+def dequantizer(quantized_tensor: type) -> Callable[[torch.Tensor, torch.dtype], torch.Tensor]:
+    """``dequantize(weight, dtype)``: a ``quantized_tensor`` weight dequantized to ``dtype``, any other weight cast."""
+
+    def dequantize(weight, dtype):
+        weight = weight.to(dtype=dtype)  # a QuantizedTensor only retags its output dtype here
+        return weight.dequantize() if isinstance(weight, quantized_tensor) else weight
+
+    return dequantize
+
+
+class DequantizedLinear:
+    """A replacement ``forward`` for one linear layer with an int8 weight: the layer's own forward (its fused int8
+    kernel) where the input's device has int8 compute, else ``F.linear`` with the weight dequantized and cached.
+
+    The device is checked on every call rather than once: the same model may compute on a device with the op and,
+    after a move, on one without it."""
+
+    def __init__(self, layer, dequantize: Callable[[torch.Tensor, torch.dtype], torch.Tensor],
+                 may_keep: Callable[[int, torch.device], bool]):
+        self.layer = layer
+        self.native_forward = layer.forward
+        self.dequantize = dequantize
+        self.weights = DequantizedWeightCache(dequantize, may_keep)
+
+    def forward(self, x, *args, **kwargs):
+        if int8_compute_available(x.device):
+            return self.native_forward(x, *args, **kwargs)
+        return self.linear(x)
+
+    def linear(self, x):
+        return self.dequantized_linear(x, self.layer.weight, self.layer.bias)
+
+    def dequantized_linear(self, x, weight, bias):
+        """``weight`` and ``bias`` already on ``x``'s device."""
+        return F.linear(x, self.weights.get(weight, x.dtype), None if bias is None else bias.to(x.dtype))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 import json
 import logging
@@ -44,7 +45,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from ..kernels.int8_fallback import DequantizedWeightCache, forget_int8_probes, int8_compute_available
+from ..kernels.int8_fallback import DequantizedLinear, dequantizer, forget_int8_probes, int8_compute_available
 from ._comfy import comfy_module
 from ._devices import real_accelerator
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
@@ -62,18 +63,13 @@ MARK = "_minimax_hotfix_int8_fallback"
 MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented for the MPS device."
 
 
-class DequantizedInt8Linear:
-    """One int8 layer computed as ``F.linear(x, dequantized weight, bias)`` where ``x``'s device has no int8 GEMM."""
+class DequantizedInt8Linear(DequantizedLinear):
+    """One ComfyUI int8 layer computed as ``F.linear(x, dequantized weight, bias)`` where ``x``'s device has no int8
+    GEMM, in ``forward`` and in ``linear_input_act``."""
 
     def __init__(self, layer, ops, may_keep):
-        self.layer, self.ops = layer, ops
-        self.native_forward = layer.forward
-        self.weights = DequantizedWeightCache(self._dequantize, may_keep)
-
-    def forward(self, x, *args, **kwargs):
-        if int8_compute_available(x.device):
-            return self.native_forward(x, *args, **kwargs)
-        return self.linear(x)
+        self.ops = ops
+        super().__init__(layer, dequantizer(ops.QuantizedTensor), may_keep)
 
     def linear_input_act(self, x, input_act, act_weight=None, act_eps=0.0, residual=None, residual_scale=None):
         """``linear_input_act`` with its activation applied eagerly, as the core's own non-int8 path does."""
@@ -89,22 +85,16 @@ class DequantizedInt8Linear:
         if (layer.weight_function or layer.bias_function or weight.device != x.device
                 or (bias is not None and bias.device != x.device)):
             return self._linear_cast_per_call(x)
-        if bias is not None:
-            bias = bias.to(x.dtype)
-        return F.linear(x, self.weights.get(weight, x.dtype), bias)
+        return self.dequantized_linear(x, weight, bias)
 
     def _linear_cast_per_call(self, x):
         """An offloaded weight is streamed in and an on-the-fly LoRA applied by ComfyUI's cast on every call, so there
         is no resident weight to cache; keeping a dequantized copy on the compute device would also undo the offload."""
         weight, bias, offload_stream = self.ops.cast_bias_weight(self.layer, x, offloadable=True)
         try:
-            return F.linear(x, self._dequantize(weight, x.dtype), bias)
+            return F.linear(x, self.dequantize(weight, x.dtype), bias)
         finally:
             self.ops.uncast_bias_weight(self.layer, weight, bias, offload_stream)
-
-    def _dequantize(self, weight, dtype):
-        weight = weight.to(dtype=dtype)  # a QuantizedTensor only retags its output dtype here
-        return weight.dequantize() if isinstance(weight, self.ops.QuantizedTensor) else weight
 
     def _activate(self, x, input_act, act_weight, act_eps):
         if input_act in (None, "none"):
@@ -186,7 +176,7 @@ class Int8FullPrecisionMM(Fix):
         if drift:
             return Status(State.DISABLED, f"target drifted: {drift}")
         with torch.no_grad():
-            _, (forward, fused), reference = self._probe(ops, torch.device("cpu"), full_precision_mm=True)
+            (forward, fused), reference, _ = self._probe(ops, torch.device("cpu"), full_precision_mm=True)
             outcomes = {"Linear.forward": _outcome(forward), "linear_input_act": _outcome(fused)}
         for out in outcomes.values():
             # raising from a missing torch._int_mm (a CPU without it) is the bug itself; anything else is not ours
@@ -265,54 +255,29 @@ class Int8FullPrecisionMM(Fix):
     def self_test(self):
         """Red: a stock int8 layer reaches torch._int_mm where it is missing (the accelerator if it lacks the op, else
         CPU with the op simulated away: comfy-kitchen's CPU backend calls torch._int_mm, its CUDA one does not).
-        Green: the fix matches a linear with the dequantized weight; where int8 compute exists the fused kernel runs."""
+        Green: the fix matches a linear with the dequantized weight; where int8 compute exists the fused kernel runs.
+        Without ComfyUI the same checks run on comfy-kitchen's int8 linear itself, diverted by the pack's kernel."""
         ops = comfy_module("comfy.ops")
         if ops is None:
+            if importlib.util.find_spec("comfy_kitchen") is not None:
+                yield from red_green_checks(kernel_probe, "comfy-kitchen's int8 F.linear", "the int8 layer computes")
             return
         state = self.detect().state
         if state not in (State.APPLIED, State.FIXED_UPSTREAM):
             yield Check(f"not run: {state.value}", passed=state is State.NOT_APPLICABLE)
             return
-        accelerator = real_accelerator()
-        native = accelerator if accelerator is not None and int8_compute_available(accelerator) else None
-        lacking = accelerator if accelerator is not None and native is None else torch.device("cpu")
-        with torch.no_grad(), int8_gemm_missing(lacking) as how:
-            layer, paths, reference = self._probe(ops, lacking, full_precision_mm=state is State.FIXED_UPSTREAM)
-            stock = [_outcome(path) for path in paths]
-            if state is State.FIXED_UPSTREAM:
-                yield Check(f"fixed upstream: both paths run without torch._int_mm ({how})",
-                            passed=all(isinstance(out, torch.Tensor) and matches(out, reference) for out in stock))
-                return
-            yield Check(f"red: a stock int8 layer reaches torch._int_mm in forward and linear_input_act ({how})",
-                        passed=all(isinstance(out, Exception) and "_int_mm" in str(out) for out in stock),
-                        detail=" / ".join(str(out).splitlines()[0] if isinstance(out, Exception) else "no error"
-                                          for out in stock))
-            with self._diverted(layer):
-                fixed = [path() for path in paths]
-            yield Check("green: with the fix both paths compute with the dequantized weight",
-                        passed=all(matches(out, reference) for out in fixed),
-                        detail=f"max abs diff {max((out - reference).abs().max().item() for out in fixed):.1e}")
-        native = native or (torch.device("cpu") if int8_compute_available("cpu") else None)
-        if native is None:
-            return
-        with torch.no_grad():
-            layer, paths, reference = self._probe(ops, native, full_precision_mm=False)
-            stock = [path() for path in paths]
-            with self._diverted(layer):
-                kept = [path() for path in paths]
-        # the fused kernel's int8 activation rounding is what sets its result apart from the dequantized reference
-        yield Check(f"green: where {native} has torch._int_mm the fused int8 kernel still runs",
-                    passed=all(torch.equal(out, ref) and not matches(out, reference) for out, ref in zip(kept, stock)))
+        yield from red_green_checks(functools.partial(self._probe, ops),
+                                    "a stock int8 layer in forward and linear_input_act", "both paths compute",
+                                    fixed_upstream=state is State.FIXED_UPSTREAM)
 
-    @staticmethod
-    def _probe(ops, device, full_precision_mm: bool):
-        """An int8 layer on ``device``, its two call paths (forward, linear_input_act with swiglu) and their
-        fp32 reference with the dequantized weight."""
+    def _probe(self, ops, device, full_precision_mm: bool):
+        """An int8 layer of the running core on ``device``: its two call paths (forward, linear_input_act with
+        swiglu), their fp32 reference with the dequantized weight, and the layer diverted as the fix diverts it."""
         layer = tiny_int8_linear(ops, 64, 16, full_precision_mm=full_precision_mm, device=device)
         gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(device)
         activated = ops.INPUT_ACT_EAGER["swiglu"](gated)
         paths = (lambda: layer(activated), lambda: ops.linear_input_act(layer, gated, "swiglu"))
-        return layer, paths, F.linear(activated, layer.weight.dequantize())
+        return paths, F.linear(activated, layer.weight.dequantize()), functools.partial(self._diverted, layer)
 
     @contextlib.contextmanager
     def _diverted(self, layer):
@@ -327,6 +292,65 @@ class Int8FullPrecisionMM(Fix):
                 handle.remove()
             if not was_installed:
                 self.uninstall()
+
+
+def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=False):
+    """The self-test steps for ``probe(device, full_precision_mm) -> (paths, reference, diverted)``: the call paths
+    of one int8 layer on ``device``, their fp32 reference with the dequantized weight, and a context manager under
+    which the layer is diverted as the fix diverts it."""
+    accelerator = real_accelerator()
+    native = accelerator if accelerator is not None and int8_compute_available(accelerator) else None
+    lacking = accelerator if accelerator is not None and native is None else torch.device("cpu")
+    with torch.no_grad(), int8_gemm_missing(lacking) as how:
+        paths, reference, diverted = probe(lacking, full_precision_mm=fixed_upstream)
+        stock = [_outcome(path) for path in paths]
+        if fixed_upstream:
+            yield Check(f"fixed upstream: both paths run without torch._int_mm ({how})",
+                        passed=all(isinstance(out, torch.Tensor) and matches(out, reference) for out in stock))
+            return
+        yield Check(f"red: {stock_name} reaches torch._int_mm ({how})",
+                    passed=all(isinstance(out, Exception) and "_int_mm" in str(out) for out in stock),
+                    detail=" / ".join(str(out).splitlines()[0] if isinstance(out, Exception) else "no error"
+                                      for out in stock))
+        with diverted():
+            fixed = [path() for path in paths]
+        yield Check(f"green: with the fix {fixed_name} with the dequantized weight",
+                    passed=all(matches(out, reference) for out in fixed),
+                    detail=f"max abs diff {max((out - reference).abs().max().item() for out in fixed):.1e}")
+    native = native or (torch.device("cpu") if int8_compute_available("cpu") else None)
+    if native is None:
+        return
+    with torch.no_grad():
+        paths, reference, diverted = probe(native, full_precision_mm=False)
+        stock = [path() for path in paths]
+        with diverted():
+            kept = [path() for path in paths]
+    # the fused kernel's int8 activation rounding is what sets its result apart from the dequantized reference
+    yield Check(f"green: where {native} has torch._int_mm the fused int8 kernel still runs",
+                passed=all(torch.equal(out, ref) and not matches(out, reference) for out, ref in zip(kept, stock)))
+
+
+def kernel_probe(device, full_precision_mm: bool):
+    """Without ComfyUI: a torch Linear holding a comfy-kitchen int8 weight (``F.linear`` dispatches it to
+    comfy-kitchen's ``int8_linear``), diverted by the pack's ``DequantizedLinear``. ``full_precision_mm`` is a core
+    setting: there is no core here to honour it."""
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    weight = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(device)
+    layer = torch.nn.Linear(64, 16, bias=False, device=device)
+    layer.weight = torch.nn.Parameter(QuantizedTensor.from_float(weight, "TensorWiseINT8Layout"), requires_grad=False)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(device)
+
+    @contextlib.contextmanager
+    def diverted():
+        fallback = DequantizedLinear(layer, dequantizer(QuantizedTensor), may_keep=lambda nbytes, device: True)
+        override = AttributeOverride(layer, "forward", fallback.forward)
+        try:
+            yield
+        finally:
+            override.remove()
+
+    return (lambda: layer(x),), F.linear(x, layer.weight.dequantize()), diverted
 
 
 def _outcome(call):

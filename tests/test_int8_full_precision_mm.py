@@ -22,7 +22,7 @@ from torch import nn
 
 import comfy_kitchen
 from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
-from minimax_hotfix.kernels.int8_fallback import forget_int8_probes, int8_compute_available
+from minimax_hotfix.kernels.int8_fallback import DequantizedLinear, forget_int8_probes, int8_compute_available
 from minimax_hotfix.patches import key_for
 from minimax_hotfix.patches._fix import State
 from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MPS_INT_MM_ERROR
@@ -596,7 +596,18 @@ def test_detection_without_comfyui(monkeypatch):
     for name in ("comfy", "comfy.ops"):
         monkeypatch.setitem(sys.modules, name, None)  # import of these now fails
     assert FIX.detect().state is State.NOT_APPLICABLE
-    assert list(FIX.self_test()) == []
+    checks = list(FIX.self_test())  # comfy-kitchen's own int8 linear, diverted by the pack's kernel
+    assert [check.name.split(":")[0] for check in checks] == ["red", "green", "green"], checks
+    assert all(check.passed for check in checks), checks
+    assert "comfy-kitchen" in checks[0].name and "_int_mm" in checks[0].detail
+
+
+def test_kernel_self_test_fails_when_the_diversion_does_nothing(monkeypatch):
+    for name in ("comfy", "comfy.ops"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(DequantizedLinear, "forward", lambda self, x: self.native_forward(x))
+    with pytest.raises(NotImplementedError, match=r"aten::_int_mm"):
+        list(FIX.self_test())
 
 
 def test_real_comfyui_0_33_0_is_detected_as_affected(comfyui):
