@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import statistics
 import sys
 import time
@@ -20,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
+from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act  # noqa: E402
 from minimax_hotfix.kernels.resident_copies import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
 from minimax_hotfix.patches._comfy import use_comfyui_checkout  # noqa: E402
-from minimax_hotfix.patches.ck_rope_device import real_kitchen_routing  # noqa: E402
+from minimax_hotfix.patches._fix import State  # noqa: E402
+from minimax_hotfix.patches._kitchen import real_kitchen_routing  # noqa: E402
 
 FIX = vae_qk_norm_scale.FIX
 H3_DECODER_BUFFERS = 36 + 2  # one qk_norm_scale per block, the rotary inv_freq, mask_token
@@ -39,15 +38,11 @@ def comfy_vae():
     if not use_comfyui_checkout():
         sys.exit("set COMFYUI_PATH to a ComfyUI checkout")
     import comfy.ldm.modules.attention
-    import comfy.ops
     from comfy.ldm.minimax import vae
 
-    if "qk_norm_scale" not in dict(vae.Attention(heads=1, dim_head=32).named_buffers()):
+    if not vae_qk_norm_scale.owns_scale_buffer(vae.Attention):
         sys.exit("this ComfyUI's VAE Attention has no qk_norm_scale (before 0.36): nothing to measure")
-    if "residual" not in inspect.signature(comfy.ops.linear_input_act).parameters:
-        from test_vae_qk_norm_scale import newer_linear_input_act  # 0.33.0 core with a newer vae.py overlaid
-
-        comfy.ops.linear_input_act = newer_linear_input_act
+    use_newer_linear_input_act()
     return vae, comfy.ldm.modules.attention
 
 
@@ -91,12 +86,14 @@ def overhead(vae, rounds: int) -> None:
 
     probe = BufferTree(H3_DECODER_BUFFERS)
     x = torch.zeros(1)
-    bare = min(timed(lambda: [probe(x) for _ in range(10000)]) for _ in range(5))
+    probe_calls = 10000
+    best_of_five = lambda: min(timed(lambda: [probe(x) for _ in range(probe_calls)]) for _ in range(5))  # noqa: E731
+    bare = best_of_five()
     handles = vae_qk_norm_scale.install_on([probe])
-    hooked = min(timed(lambda: [probe(x) for _ in range(10000)]) for _ in range(5))
+    hooked = best_of_five()
     for handle in handles:
         handle.remove()
-    print(f"  the hooks cost {(hooked - bare) / 10000 * 1e6:.2f} us per decoder call with the full H3 decoder's "
+    print(f"  the hooks cost {(hooked - bare) / probe_calls * 1e6:.2f} us per decoder call with the full H3 decoder's "
           f"{H3_DECODER_BUFFERS} buffers, all resident")
 
 
@@ -135,7 +132,7 @@ def copies_per_decode(vae, attention_module) -> None:
                 except RuntimeError as exc:
                     failure = f" then fails: {str(exc).splitlines()[0]}"
                     break
-                counts.append(sum(any(source is b for b in buffers) for source in counted.sources))
+                counts.append(counted.made_from(buffers))
         patcher.eject_model()
         print(f"  {'with the fix   ' if with_fix else 'without the fix'}: {counts}{failure}")
 
@@ -149,7 +146,7 @@ def main() -> None:
     rounds = options.rounds
     vae, attention_module = comfy_vae()
     state = FIX.detect().state
-    print(f"detected: {state.value}" + ("" if state.value == "applied" else
+    print(f"detected: {state.value}" + ("" if state is State.APPLIED else
                                         " (the pack would not attach the fix here; attached directly to compare)"))
     overhead(vae, rounds)
     copies_per_decode(vae, attention_module)

@@ -63,3 +63,8 @@ class HostToDeviceCopies(TorchDispatchMode):
 
     def __len__(self) -> int:
         return len(self.sources)
+
+    def made_from(self, tensors) -> int:
+        """How many of the counted copies were made from one of ``tensors`` (by identity)."""
+        wanted = {id(t) for t in tensors}
+        return sum(id(source) in wanted for source in self.sources)

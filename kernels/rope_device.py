@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Callable
 
 import torch
@@ -19,6 +20,8 @@ import torch
 ROPE_PREFIXES = ("rms_rope", "apply_rope")
 ACTIVATIONS = frozenset({"q", "k", "x", "xq", "xk"})
 OPERANDS = frozenset({"freqs_cis", "q_scale", "k_scale", "scale"})
+# Known by identity: __wrapped__ alone would also unwrap other libraries' functools.wraps wrappers.
+_wrappers: weakref.WeakSet = weakref.WeakSet()
 
 
 def rope_function_names(module) -> list[str]:
@@ -77,4 +80,10 @@ def device_aligned(fn: Callable, on_align: Callable[[str, str, torch.device, tor
                 kwargs[name] = value.to(device)
         return fn(*(args if moved_args is None else moved_args), **kwargs)
 
+    _wrappers.add(aligned)
     return aligned
+
+
+def unaligned(fn: Callable) -> Callable:
+    """The function a ``device_aligned`` wrapper wraps, or ``fn`` itself when it is not such a wrapper."""
+    return fn.__wrapped__ if fn in _wrappers else fn

@@ -28,26 +28,19 @@ already agree the wrapper makes the very same call. The first move per function 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
-import types
 
 import torch
 
 from ..kernels.rope_device import device_aligned, operand_positions, rope_function_names
 from ._devices import fake_cuda_mode, on_fake_cuda, real_accelerator
 from ._fix import Check, Fix, State, Status
+from ._kitchen import is_device_mismatch, real_kitchen_routing, red_check, rope_inputs, unaligned_kitchen
 
 FIX_ID = "ck_rope_device"
 log = logging.getLogger("minimax_hotfix")
-
-
-def is_device_mismatch(exc: BaseException) -> bool:
-    """The error torch raises when one op mixes devices (CUDA, FakeTensor "cuda", meta and CPU wordings)."""
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("same device" in text or "on the expected device" in text)
 
 
 def eager_aligns_devices() -> bool:
@@ -66,76 +59,6 @@ def eager_aligns_devices() -> bool:
             return True
         raise
     return True
-
-
-@contextlib.contextmanager
-def real_kitchen_routing():
-    """comfy-kitchen's routing for FakeTensor "cuda" and meta inputs, as a CUDA machine would route them.
-
-    Kitchen's custom ops run their fake kernels for FakeTensor and meta inputs, and those never ask the backend
-    registry, so a stray CPU operand goes unnoticed. Inside this context each rope op asks a registry that holds
-    kitchen's eager backend and, as "cuda", the real CUDA backend's constraints with a stand-in kernel that returns
-    empty outputs (there is no CUDA here). Yields the backend names chosen, in call order.
-    """
-    import comfy_kitchen
-    from comfy_kitchen.backends import cuda as cuda_backend
-    from comfy_kitchen.backends import eager as eager_backend
-    from comfy_kitchen.registry import BackendRegistry, registry
-
-    names = rope_function_names(comfy_kitchen)
-    ops = torch.ops.comfy_kitchen
-    packets = {name: getattr(ops, name) for name in names}
-    cuda_constraints = cuda_backend._build_constraints()  # what kitchen registers on a CUDA machine
-    routing = BackendRegistry()
-    routing.set_priority(["cuda", "eager"])
-    routing.register("eager", eager_backend, {name: registry.get_constraints("eager", name) for name in names})
-    routing.register("cuda", types.SimpleNamespace(**{name: _empty_outputs(packets[name]) for name in names}),
-                     {name: cuda_constraints[name] for name in names})
-    chosen: list[str] = []
-    try:
-        for name, packet in packets.items():
-            setattr(ops, name, _routed_through(routing, name, packet, chosen))
-        yield chosen
-    finally:
-        for name, packet in packets.items():
-            setattr(ops, name, packet)
-
-
-def _routed_through(routing, name, packet, chosen):
-    """What kitchen's custom-op body does: name the arguments, ask the registry, call the chosen kernel."""
-    arguments = packet.default._schema.arguments
-    defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
-
-    def call(*args, **kwargs):
-        bound = {**defaults, **dict(zip((a.name for a in arguments), args)), **kwargs}
-        backend = routing.get_capable_backend(name, bound)
-        chosen.append(backend)
-        return routing.get_implementation(name, backend=backend)(**bound)
-
-    return call
-
-
-def _empty_outputs(packet):
-    returned = len(packet.default._schema.returns)
-
-    def kernel(**kwargs):
-        tensors = [value for value in kwargs.values() if isinstance(value, torch.Tensor)]
-        outputs = tuple(torch.empty_like(t) for t in tensors[:returned])
-        return outputs[0] if returned == 1 else (outputs or None)
-
-    return kernel
-
-
-def rope_inputs(place, dtype=torch.bfloat16, seq=8, heads=2, head_dim=64, rot_dim=32):
-    """q, k (BNHD) and a split-half rotation table for ``rot_dim``, each passed through ``place`` (to the compute
-    device), and a unit RMSNorm scale left on the CPU; shaped for the fused CUDA kernel."""
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(1, seq, heads, head_dim, generator=generator).to(dtype)
-    k = torch.randn(1, seq, heads, head_dim, generator=generator).to(dtype)
-    angles = torch.rand(1, seq, 1, rot_dim // 2, generator=generator)
-    c, s = angles.cos(), angles.sin()
-    table = torch.stack([c, -s, s, c], dim=-1).reshape(1, seq, 1, rot_dim // 2, 2, 2).to(dtype)
-    return place(q), place(k), place(table), torch.ones(head_dim, dtype=dtype)
 
 
 class CkRopeDevice(Fix):
@@ -160,7 +83,7 @@ class CkRopeDevice(Fix):
         drifted = []
         for name in names:
             try:
-                operand_positions(self.original(comfy_kitchen, name))
+                operand_positions(unaligned_kitchen(name))
             except (TypeError, ValueError) as exc:
                 drifted.append(f"{name}: {exc}")
         if drifted:
@@ -169,10 +92,6 @@ class CkRopeDevice(Fix):
             return Status(State.FIXED_UPSTREAM, "comfy-kitchen's eager rope moves a stray scale to the input itself")
         return Status(State.APPLIED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "
                                      "the call to eager, which fails")
-
-    def original(self, comfy_kitchen, name):
-        current = getattr(comfy_kitchen, name)
-        return current.__wrapped__ if current is self._installed.get(name) else current
 
     def _log_first_move(self, function: str, operand: str, source, target) -> None:
         key = (function, operand, str(source), str(target))
@@ -211,9 +130,7 @@ class CkRopeDevice(Fix):
         """``rms_rope_split_half`` with q/k/table on the device and the scale left on the CPU, unwrapped (red) and
         through the alignment (green). On a GPU the outputs are compared with the all-on-device call; without one,
         FakeTensor "cuda" inputs go through kitchen's real routing with the CUDA backend's constraints."""
-        import comfy_kitchen
-
-        kernel = self.original(comfy_kitchen, "rms_rope_split_half")
+        kernel = unaligned_kitchen("rms_rope_split_half")
         aligned = device_aligned(kernel)
         device = real_accelerator()
         if device is not None:
@@ -256,15 +173,6 @@ def passthrough_check(kernel) -> Check:
     same_objects = len(seen) == 1 and all(a is b for a, b in zip(seen[0], inputs))
     return Check("green: devices agreeing, the same tensors reach the kernel and the output is unchanged",
                  same_objects and all(torch.equal(a, b) for a, b in zip(fixed, reference)))
-
-
-def red_check(call, setup: str) -> Check:
-    try:
-        call()
-    except Exception as exc:
-        return Check(f"red: {setup} fails without the fix", is_device_mismatch(exc), f"{type(exc).__name__}: "
-                                                                                     f"{str(exc).splitlines()[0]}")
-    return Check(f"red: {setup} fails without the fix", False, "it ran: the bug did not reproduce")
 
 
 FIX = CkRopeDevice()

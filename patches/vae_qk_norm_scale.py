@@ -40,13 +40,13 @@ from ..kernels.resident_copies import HostToDeviceCopies, ResidentCopies
 from ._comfy import comfy_module
 from ._devices import fake_cuda_mode, on_fake_cuda, real_accelerator
 from ._fix import Check, Fix, State, Status, model_injection, set_injection
-from . import ck_rope_device
-from .ck_rope_device import real_kitchen_routing, red_check, rope_inputs
+from ._kitchen import real_kitchen_routing, red_check, rope_inputs, unaligned_kitchen
 
 FIX_ID = "vae_qk_norm_scale"
 BUFFER = "qk_norm_scale"
 VAE_MODULE = "comfy.ldm.minimax.vae"
 DEVICE_MOVES = frozenset({"to", "cast_to", "cast_to_input", "cast_to_device"})
+LATER_CALLS = 3
 
 
 def hands_raw_buffer(function, attribute: str) -> bool:
@@ -77,6 +77,12 @@ def hands_raw_buffer(function, attribute: str) -> bool:
         if callee not in DEVICE_MOVES and any(is_raw(arg) for arg in [*node.args, *(k.value for k in node.keywords)]):
             return True
     return False
+
+
+def owns_scale_buffer(attention) -> bool:
+    """Whether the VAE's ``Attention`` class has the ``qk_norm_scale`` buffer (a tiny one is built on meta)."""
+    with torch.device("meta"):
+        return BUFFER in dict(attention(heads=1, dim_head=32).named_buffers())
 
 
 def keep_buffers_on_input_device(module: torch.nn.Module, copies: ResidentCopies) -> list:
@@ -138,10 +144,7 @@ class UnitScaleRmsRope(torch.nn.Module):
         self.register_buffer(BUFFER, torch.ones(head_dim, dtype=dtype), persistent=False)
 
     def forward(self, q, k, table):
-        import comfy_kitchen
-
-        # unwrapped: with ck_rope_device installed in this process the kitchen call would align the buffer itself
-        kernel = ck_rope_device.FIX.original(comfy_kitchen, "rms_rope_split_half")
+        kernel = unaligned_kitchen("rms_rope_split_half")
         return kernel(q, k, table, self.qk_norm_scale, rot_dim=table.shape[-3] * 2)
 
 
@@ -161,12 +164,11 @@ class VaeQkNormScale(Fix):
             return Status(State.DISABLED, "comfy.ldm.minimax.vae has no Attention or ViT3DDecoder class: the VAE "
                                           "changed, fix left off")
         try:
-            with torch.device("meta"):
-                buffers = dict(attention(heads=1, dim_head=32).named_buffers())
+            owns_buffer = owns_scale_buffer(attention)
         except Exception as exc:
             return Status(State.DISABLED, f"Attention(heads=, dim_head=) cannot be built ({type(exc).__name__}: "
                                           f"{exc}): the VAE changed, fix left off")
-        if BUFFER not in buffers:
+        if not owns_buffer:
             return Status(State.NOT_APPLICABLE, "this VAE's Attention has no qk_norm_scale buffer (rms_norm, then "
                                                 "apply_rope: ComfyUI before 0.36)")
         try:
@@ -202,18 +204,10 @@ def real_device_checks(device) -> list[Check]:
     checks = [red_check(lambda: module(q, k, table), f"qk_norm_scale on cpu, q/k on {device}")]
     with torch.no_grad():
         reference = UnitScaleRmsRope(q.shape[-1], q.dtype).to(device)(q, k, table)
-        handles = install_on([module])
-        try:
-            fixed = module(q, k, table)
-            with HostToDeviceCopies() as later_copies:
-                for _ in range(3):
-                    module(q, k, table)
-        finally:
-            for handle in handles:
-                handle.remove()
+        fixed, later_copies = hooked_calls(module, q, k, table)
     checks.append(Check("green: with the fix the decode step equals the all-on-device one",
                         all(torch.equal(a, b) for a, b in zip(fixed, reference))))
-    checks.append(bookkeeping_check(module, left_behind, len(later_copies)))
+    checks.append(bookkeeping_check(module, left_behind, later_copies))
     return checks
 
 
@@ -224,25 +218,34 @@ def fake_cuda_checks() -> list[Check]:
         left_behind = module.qk_norm_scale
         red = red_check(lambda: module(q, k, table), "FakeTensor cuda q/k, qk_norm_scale on cpu")
         red_route = chosen[-1]
-        handles = install_on([module])
-        try:
-            module(q, k, table)
-            fixed_route = chosen[-1]
-            with HostToDeviceCopies() as later_copies:
-                for _ in range(3):
-                    module(q, k, table)
-        finally:
-            for handle in handles:
-                handle.remove()
-    return [red, Check("green: with the fix the call is routed to the fast backend", red_route == "eager"
-                       and fixed_route == "cuda", f"routes: without {red_route}, with {fixed_route}"),
-            bookkeeping_check(module, left_behind, len(later_copies))]
+        first_hooked_call = len(chosen)
+        _, later_copies = hooked_calls(module, q, k, table)
+        hooked_routes = chosen[first_hooked_call:]
+    return [red, Check("green: with the fix the calls are routed to the fast backend", red_route == "eager"
+                       and hooked_routes == ["cuda"] * (1 + LATER_CALLS),
+                       f"routes: without {red_route}, with {hooked_routes}"),
+            bookkeeping_check(module, left_behind, later_copies)]
+
+
+def hooked_calls(module, *inputs):
+    """``module`` called with the fix's hooks on: the first call's output, and the host-to-device copies made by
+    ``LATER_CALLS`` more calls (the resident copies should make them none). The hooks are removed afterwards."""
+    handles = install_on([module])
+    try:
+        first = module(*inputs)
+        with HostToDeviceCopies() as later_copies:
+            for _ in range(LATER_CALLS):
+                module(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return first, len(later_copies)
 
 
 def bookkeeping_check(module, left_behind, later_copies: int) -> Check:
     return Check("green: the loader's own buffer is back after each call; no host-to-device copy after the first",
                  module.qk_norm_scale is left_behind and later_copies == 0,
-                 f"{later_copies} copies in 3 later calls")
+                 f"{later_copies} copies in {LATER_CALLS} later calls")
 
 
 FIX = VaeQkNormScale()

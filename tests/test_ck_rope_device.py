@@ -1,8 +1,8 @@
 """ck_rope_device: a stray CPU scale/table no longer sends comfy-kitchen's rope calls to the failing eager backend.
 
 Routing is kitchen's own (``BackendRegistry.get_capable_backend`` with the eager backend's and the real CUDA backend's
-constraints, see ``real_kitchen_routing``) on FakeTensor "cuda" q/k; values are compared on the CPU, the only device
-here that holds data.
+constraints, see ``real_kitchen_routing`` in patches/_kitchen.py) on FakeTensor "cuda" q/k; values are compared on the
+CPU, the only device here that holds data.
 """
 
 import functools
@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from minimax_hotfix import patches
-from minimax_hotfix.kernels.rope_device import device_aligned, operand_positions, rope_function_names
+from minimax_hotfix.kernels.rope_device import device_aligned, operand_positions, rope_function_names, unaligned
 from minimax_hotfix.patches import ck_rope_device
 from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.patches._fix import State
+from minimax_hotfix.patches._kitchen import is_device_mismatch, real_kitchen_routing, rope_inputs
 
 FIX = ck_rope_device.FIX
 ROPE_NAMES = rope_function_names(comfy_kitchen)
@@ -57,7 +58,7 @@ def restore_kitchen():
 def test_stray_cpu_operand_goes_to_eager_and_fails_aligned_goes_to_cuda(name, caplog):
     caplog.set_level(logging.DEBUG, logger="comfy_kitchen.dispatch")
     kernel = getattr(comfy_kitchen, name)
-    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing() as chosen:
+    with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
         place = lambda t: on_fake_cuda(mode, t)  # noqa: E731
         activations, cpu_operands = call_inputs(name, place)
         stray = "freqs_cis" if name.startswith("apply") else next(n for n in ("q_scale", "scale") if n in cpu_operands)
@@ -73,7 +74,7 @@ def test_stray_cpu_operand_goes_to_eager_and_fails_aligned_goes_to_cuda(name, ca
     assert (reference_route, red_route, chosen[-1]) == ("cuda", "eager", "cuda")
     assert f"Backend cuda selected for {name}" in caplog.text
     if name in REACHES_DEVICE_CHECK_IN_EAGER:
-        assert ck_rope_device.is_device_mismatch(red.value), red.value
+        assert is_device_mismatch(red.value), red.value
         assert "Expected all tensors to be on the same device" in str(red.value)
 
 
@@ -86,8 +87,8 @@ def test_the_kernel_receives_the_callers_activations_and_the_operand_on_their_de
         seen.append((args, kwargs))
         return kernel(*args, **kwargs)
 
-    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing():
-        q, k, table, scale = ck_rope_device.rope_inputs(lambda t: on_fake_cuda(mode, t))
+    with fake_cuda_mode() as mode, real_kitchen_routing():
+        q, k, table, scale = rope_inputs(lambda t: on_fake_cuda(mode, t))
         device_aligned(spy)(q, k, table, scale, epsilon=1e-5, rot_dim=32)
     (args, kwargs), = seen
     assert args[0] is q and args[1] is k and args[2] is table
@@ -123,10 +124,15 @@ def test_install_wraps_every_rope_function_once_and_uninstall_restores_them(rest
     assert all(getattr(comfy_kitchen, name) is wrapped[name] for name in ROPE_NAMES)
     assert all(wrapped[name] is not originals[name] and wrapped[name].__wrapped__ is originals[name]
                for name in ROPE_NAMES)
+    # what the self-tests' red controls call: kitchen's own function, past this wrapper but not past anyone else's
+    assert all(unaligned(wrapped[name]) is originals[name] and unaligned(originals[name]) is originals[name]
+               for name in ROPE_NAMES)
+    foreign = functools.wraps(wrapped[ROPE_NAMES[0]])(lambda *args, **kwargs: None)
+    assert unaligned(foreign) is foreign
 
     caplog.set_level(logging.INFO, logger="minimax_hotfix")
-    with fake_cuda_mode() as mode, ck_rope_device.real_kitchen_routing() as chosen:
-        q, k, table, scale = ck_rope_device.rope_inputs(lambda t: on_fake_cuda(mode, t))
+    with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
+        q, k, table, scale = rope_inputs(lambda t: on_fake_cuda(mode, t))
         for _ in range(2):
             comfy_kitchen.rms_rope_split_half_(q, k, table, scale, rot_dim=32)  # as comfy.quant_ops.ck.<name>
     assert chosen == ["cuda", "cuda"]

@@ -8,19 +8,18 @@ loaded through a real ModelPatcher onto ``meta`` (the stand-in GPU: Python index
 "cuda" there) with a budget that leaves the buffer on the CPU.
 """
 
-import inspect
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from minimax_hotfix import patches
+from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
 from minimax_hotfix.kernels.resident_copies import HostToDeviceCopies, ResidentCopies
 from minimax_hotfix.patches import vae_qk_norm_scale
 from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.patches._fix import State
-from minimax_hotfix.patches.ck_rope_device import is_device_mismatch, real_kitchen_routing, rope_inputs
+from minimax_hotfix.patches._kitchen import is_device_mismatch, real_kitchen_routing, rope_inputs
 
 FIX = vae_qk_norm_scale.FIX
 
@@ -209,32 +208,16 @@ def test_detection_on_the_running_comfyui(comfyui):
     assert patches.status(FIX).state == expected
 
 
-def newer_linear_input_act(linear, x, input_act, act_weight=None, act_eps=0.0, residual=None, residual_scale=None):
-    """Eager stand-in for the newer ``comfy.ops.linear_input_act`` (rms_norm/swiglu input, fused residual) for a
-    0.33.0 core with a newer vae.py overlaid; only used where the running ComfyUI lacks that form."""
-    import comfy.ops
-
-    if input_act == "rms_norm":
-        x = F.rms_norm(x, (x.shape[-1],), weight=comfy.ops.cast_to_input(act_weight, x), eps=act_eps)
-    elif input_act == "swiglu":
-        gate, up = x.chunk(2, dim=-1)
-        x = F.silu(gate) * up
-    out = linear(x)
-    return out if residual is None else residual.addcmul(out, residual_scale)
-
-
 @pytest.fixture
 def vae(comfyui, monkeypatch):
     """comfy.ldm.minimax.vae of the running ComfyUI, made to run on CPU/meta."""
     import comfy.ldm.modules.attention
-    import comfy.ops
     from comfy.ldm.minimax import vae
 
-    if "qk_norm_scale" not in dict(vae.Attention(heads=1, dim_head=32).named_buffers()):
+    if not vae_qk_norm_scale.owns_scale_buffer(vae.Attention):
         pytest.skip("this ComfyUI's Attention has no qk_norm_scale (0.33.0): the stand-in module tests above ran "
                     "instead")
-    if "residual" not in inspect.signature(comfy.ops.linear_input_act).parameters:
-        monkeypatch.setattr(comfy.ops, "linear_input_act", newer_linear_input_act)
+    use_newer_linear_input_act(monkeypatch.setattr)  # 0.33.0 core with a newer vae.py overlaid
     # sub-quadratic attention (CPU default) asks the device's free memory, which meta has not
     monkeypatch.setattr(vae, "optimized_attention", comfy.ldm.modules.attention.attention_pytorch)
     return vae
@@ -253,7 +236,7 @@ def decode_h2d(decoder, latent, buffers):
     """Decodes once; returns the host-to-device copies of model buffers it made."""
     with HostToDeviceCopies() as counted:
         decoder(latent)
-    return sum(any(source is b for b in buffers) for source in counted.sources)
+    return counted.made_from(buffers)
 
 
 def partially_loaded(vae, with_fix):
