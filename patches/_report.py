@@ -54,15 +54,19 @@ def environment() -> list[tuple[str, str]]:
 
 
 def status_rows() -> list[tuple[str, str, str]]:
-    rows = [(fix.id, status(fix).state.value, status(fix).reason) for fix in all_fixes().values()]
+    rows = []
+    for fix in all_fixes().values():
+        found = status(fix)  # once: a provisional status may change between two calls
+        rows.append((fix.id, found.state.value, found.reason))
     rows += [(name, "disabled", f"module failed to import: {err}") for name, err in broken_modules().items()]
     return rows
 
 
-def _table(rows, headers) -> str:
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+def _table(rows, headers=None) -> str:
+    widths = [max(len(str(row[i])) for row in [*([headers] if headers else []), *rows]) for i in range(len(rows[0]))]
     line = lambda row: "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+    head = [line(headers), line(["-" * w for w in widths])] if headers else []
+    return "\n".join([*head, *map(line, rows)])
 
 
 def status_table() -> str:
@@ -74,7 +78,7 @@ def status_table() -> str:
 
 def run_doctor(out=print) -> int:
     """Print the environment, the fix states and every self-test; return the process exit code."""
-    out(_table(environment(), ("", "")).split("\n", 2)[2])
+    out(_table(environment()))
     out("")
     out(status_table())
     failed = 0
