@@ -1,0 +1,125 @@
+"""Simulated ComfyUI cores: a temporary copy of the 0.33.0 tree with newer upstream files laid over it.
+
+Each core is named for the release it stands for. Where a newer file needs a symbol that 0.33.0 lacks, a named
+stand-in supplies a minimal version of it; ``describe(name)`` lists them, and the tests print that list.
+
+Source: ``../shared/comfyui`` beside the project checkout (read-only; never copied into the repo).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_COMFYUI = ROOT.parent / "shared" / "comfyui"
+BASE = SHARED_COMFYUI / "0.33.0"
+UPSTREAM = SHARED_COMFYUI / "upstream"
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """Source text added to one file of the copy so that a newer overlay imports on the 0.33.0 tree."""
+
+    name: str
+    why: str
+    path: str
+    text: str
+    prepend: bool = False
+
+
+@dataclass(frozen=True)
+class Core:
+    name: str
+    stands_for: str
+    overlays: tuple[str, ...] = ()  # "<owner>/ComfyUI/<commit8>/<path>" under upstream/
+    stand_ins: tuple[StandIn, ...] = field(default=())
+
+
+KITCHEN_INT8_DECODE = StandIn(
+    "kitchen_int8_decode",
+    "comfy_kitchen.int8_decode (newer comfy-kitchen than 0.33.0 pins): int8 decode kernel reported unavailable",
+    "comfy/text_encoders/qwen35.py",
+    "import sys as _sys, types as _types  # stand-in: kitchen_int8_decode\n"
+    "if 'comfy_kitchen.int8_decode' not in _sys.modules:\n"
+    "    _sys.modules['comfy_kitchen.int8_decode'] = _types.SimpleNamespace(is_available=lambda device: False)\n",
+    prepend=True,
+)
+
+LLAMA_DECODE_HELPERS = StandIn(
+    "llama_decode_helpers",
+    "FixedKVCache, Int8FixedKVCache, apply_penalty, penalty_active, rope_matrix (newer llama.py): text generation "
+    "only; the vision tower never reaches them, and a call says it hit a stand-in",
+    "comfy/text_encoders/llama.py",
+    "\n\n# stand-in: llama_decode_helpers (symbols of a newer llama.py that a newer qwen35.py imports)\n"
+    "def _simulated_core_stand_in(*args, **kwargs):\n"
+    "    raise NotImplementedError('simulated core: a stand-in of a newer llama.py symbol was called')\n"
+    "class FixedKVCache(FixedKV):\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        _simulated_core_stand_in()\n"
+    "class Int8FixedKVCache(FixedKVCache):\n"
+    "    pass\n"
+    "apply_penalty = penalty_active = rope_matrix = _simulated_core_stand_in\n",
+)
+
+COMFY_ATTENTION = StandIn(
+    "comfy_attention",
+    "ComfyAttention (newer attention.py): a per-layer attention preference with no method chosen",
+    "comfy/ldm/modules/attention.py",
+    "\n\n# stand-in: comfy_attention (a newer attention.py's per-layer attention preference)\n"
+    "class ComfyAttention:\n"
+    "    method = None\n",
+)
+
+CORES = {
+    core.name: core
+    for core in (
+        Core("0.33.0", "ComfyUI 0.33.0 as released"),
+        Core("0.36/0.37 VAE", "ComfyUI 0.36/0.37: MiniMax H3 VAE hands qk_norm_scale to rms_rope as is (#16390)",
+             ("Comfy-Org/ComfyUI/3bd3ca17/comfy/ldm/minimax/vae.py",)),
+        Core("fixed VAE", "a core with the call-site fix: qk_norm_scale.to(query.device)",
+             ("Comfy-Org/ComfyUI/19315e86/comfy/ldm/minimax/vae.py",)),
+        Core("post-#15861 Music 3", "after Comfy Compiler #15861, before #16428: Music 3 AR without decode_buffers",
+             ("Comfy-Org/ComfyUI/00a76cac/comfy/text_encoders/llama.py",
+              "comfyanonymous/ComfyUI/bc8cb493/comfy/ldm/minimax_music/ar.py")),
+        Core("fixed int8", "a core with #16130 and #16285: int8 _full_precision_mm honoured in linear_input_act",
+             ("Comfy-Org/ComfyUI/0271a469/comfy/ops.py",)),
+        Core("0.38 Qwen3-VL", "0.38 era: Qwen3-VL vision tower tables still built on the weight's or buffer's device",
+             ("Comfy-Org/ComfyUI/06990860/comfy/text_encoders/qwen35.py",),
+             (KITCHEN_INT8_DECODE, LLAMA_DECODE_HELPERS, COMFY_ATTENTION)),
+    )
+}
+
+
+def available() -> bool:
+    return BASE.is_dir()
+
+
+def describe(name: str) -> str:
+    core = CORES[name]
+    lines = [f"simulated core {name!r}: {core.stands_for}"]
+    lines += [f"  overlay {overlay}" for overlay in core.overlays]
+    lines += [f"  stand-in {s.name} in {s.path}: {s.why}" for s in core.stand_ins]
+    return "\n".join(lines)
+
+
+def build_core(name: str, dest: Path) -> Path:
+    """A writable ComfyUI tree for core ``name`` at ``dest`` (created; must not exist yet)."""
+    core = CORES[name]
+    shutil.copytree(BASE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, _, files in os.walk(dest):
+        for entry in files:
+            path = Path(folder, entry)
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+        Path(folder).chmod(Path(folder).stat().st_mode | stat.S_IWUSR)
+    for overlay in core.overlays:
+        relative = Path(*Path(overlay).parts[3:])
+        shutil.copyfile(UPSTREAM / overlay, dest / relative)
+    for stand_in in core.stand_ins:
+        target = dest / stand_in.path
+        source = target.read_text(encoding="utf-8")
+        target.write_text(stand_in.text + source if stand_in.prepend else source + stand_in.text, encoding="utf-8")
+    return dest
