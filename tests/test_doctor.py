@@ -29,7 +29,7 @@ def test_passing_self_tests_exit_zero_and_are_listed(registry):
     registry(SelfTestedFix(green_passes=True))
     code, text = doctor_output()
     assert code == 0
-    for expected in ("torch", "comfy-kitchen", "transformers", "compute device", "test_self_tested  applied",
+    for expected in ("torch", "comfy-kitchen", "transformers", "devices", "test_self_tested  applied",
                      "ok    red: bug reproduces", "all self-tests passed"):
         assert expected in text
 
