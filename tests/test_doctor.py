@@ -143,6 +143,22 @@ def report_module():
     return _report
 
 
+def troubleshooting() -> str:
+    readme = (DOCTOR.parents[1] / "README.md").read_text(encoding="utf-8")
+    return readme[readme.index("## Troubleshooting"):readme.index("## For developers")]
+
+
+def test_every_doctor_message_is_in_the_readme_troubleshooting():
+    for message in ("doctor: error: torch is not installed in", "is not a ComfyUI checkout (no comfy/cli_args.py and "
+                    "nodes.py there)", "cannot be imported by", "doctor: error: unknown fix id",
+                    "doctor: error: the placement audit is not available in this version", "FAIL  ",
+                    "self-test step(s) failed", "FAIL  self-test raised", "(not run here:",
+                    "module failed to import: ", "fix left off", "failed to import and is left off",
+                    "switched off by MINIMAX_HOTFIX_DISABLE", "MINIMAX_HOTFIX_DISABLE names no known fix",
+                    "not loaded (set COMFYUI_PATH to check a ComfyUI checkout)"):
+        assert message in troubleshooting(), message
+
+
 def run_main(capsys, *argv):
     from doctor import main
 
