@@ -174,7 +174,7 @@ class Int8FullPrecisionMM(Fix):
             return Status(State.NOT_APPLICABLE, "no ComfyUI with int8 ops and linear_input_act is importable here")
         drift = self._drift(ops)
         if drift:
-            return Status(State.DISABLED, f"target drifted: {drift}")
+            return Status(State.FAILED, f"target drifted: {drift}")
         with torch.no_grad():
             (forward, fused), reference, _ = self._probe(ops, torch.device("cpu"), full_precision_mm=True)
             outcomes = {"Linear.forward": _outcome(forward), "linear_input_act": _outcome(fused)}
