@@ -526,3 +526,16 @@ def test_a_copy_of_the_tool_alone_works_on_ui_format(tmp_path):
     result = subprocess.run([sys.executable, "-I", str(alone), str(source), "-o", "-"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["nodes"][0]["properties"]["ver"] == swap_loaders.VERSION
+
+
+def test_only_one_node_is_swapped_when_asked():
+    workflow = music3_checkpoint()
+    loader = next(node for node in workflow["nodes"] if node["type"] == "CheckpointLoaderSimple")
+    vae = {"id": 99, "type": "VAELoader", "properties": _core("VAELoader"), "outputs": []}
+    workflow["nodes"].append(vae)
+    changes = swap_loaders.swap(workflow, only={"graph": None, "node": 99})
+    assert changes.swapped == [vae] and not changes.inserted
+    changes = swap_loaders.swap(workflow, only={"graph": None, "node": loader["id"]})
+    assert len(changes.inserted) == 3 and not changes.swapped
+    with pytest.raises(swap_loaders.WorkflowError, match="no node 5 in graph sub"):
+        swap_loaders.swap(workflow, only={"graph": "sub", "node": 5})

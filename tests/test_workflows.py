@@ -15,12 +15,7 @@ import copy
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -30,6 +25,7 @@ WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
+from live_comfyui import STAND_INS, comfyui_server, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
 
 FRONTEND_ONLY = {"MarkdownNote", "Note"}  # drawn by the frontend, never sent to the server
@@ -267,90 +263,12 @@ def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
 
 # ---- with a live ComfyUI (COMFYUI_PATH) ----
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _http(url: str, body: dict | None = None):
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
-STAND_IN_SOURCE = '''"""Stand-in for ComfyUI-GGUF's CLIPLoaderGGUF (the pack's test suite): same inputs, validation only."""
-import folder_paths
-
-
-class CLIPLoaderGGUF:
-    RETURN_TYPES = ("CLIP",)
-    FUNCTION = "load_clip"
-    CATEGORY = "stand-in"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"clip_name": (folder_paths.get_filename_list("text_encoders"),), "type": (%r,)}}
-
-    def load_clip(self, clip_name, type):
-        raise RuntimeError("stand-in for ComfyUI-GGUF: validation only")
-
-
-NODE_CLASS_MAPPINGS = {"CLIPLoaderGGUF": CLIPLoaderGGUF}
-'''
-
-
-def write_stand_ins(custom_nodes: Path) -> None:
-    """ComfyUI-GGUF's CLIPLoaderGGUF as a stand-in custom node with the snapshot's inputs."""
-    folder = custom_nodes / "comfyui_gguf_stand_in"
-    folder.mkdir()
-    types = node_specs()["CLIPLoaderGGUF"]["input"]["required"]["type"][0]
-    (folder / "__init__.py").write_text(STAND_IN_SOURCE % (types,), encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
 def comfy_server(comfyui, tmp_path_factory):
     """A ComfyUI server on a free port: this pack, the checkout's own custom nodes and stand-ins for ComfyUI-GGUF,
     empty model folders."""
-    base = tmp_path_factory.mktemp("comfy_base")
-    custom_nodes = base / "custom_nodes"
-    custom_nodes.mkdir()
-    write_stand_ins(custom_nodes)
-    (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
-    for entry in (Path(comfyui) / "custom_nodes").iterdir():
-        if entry.resolve() != PACK_ROOT and (entry.is_dir() or entry.suffix == ".py"):
-            (custom_nodes / entry.name).symlink_to(entry.resolve())
-    port = _free_port()
-    log = (base / "comfyui.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
-         "--base-directory", str(base), "--input-directory", str(Path(comfyui) / "input")],
-        cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if _http(url + "/system_stats")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
-            time.sleep(1)
-        object_info = json.loads(_http(url + "/object_info")[1])
-        assert "MiniMaxHotfixVAELoader" in object_info, (
-            "the pack did not load:\n" + (base / "comfyui.log").read_text()[-4000:])
-        yield url, object_info
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+    with comfyui_server(comfyui, tmp_path_factory.mktemp("comfy_base")) as server:
+        yield server
 
 
 def _comparable(spec: dict) -> dict:
@@ -386,11 +304,11 @@ def test_snapshot_matches_live_comfyui(comfy_server):
 
 def test_comfyui_lists_and_serves_the_workflows(comfy_server):
     url, _ = comfy_server
-    status, body = _http(url + "/workflow_templates")
+    status, body = http(url + "/workflow_templates")
     assert status == 200
     assert sorted(json.loads(body)["minimax-hotfix"]) == [path.stem for path in WORKFLOWS]
     for path in WORKFLOWS:
-        status, served = _http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
+        status, served = http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
         assert status == 200 and served == path.read_bytes(), path.name
 
 
@@ -433,7 +351,7 @@ def test_prompt_check_reports_a_wrong_widget_value(comfy_server):
 
 def prompt_errors(url: str, prompt: dict):
     """POSTs the prompt; returns (errors other than a missing model file, {(node id, input) of missing files})."""
-    status, body = _http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
+    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
     reply = json.loads(body)
     problems, missing_files = [], set()
     for node_id, node_errors in reply.get("node_errors", {}).items():

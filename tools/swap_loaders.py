@@ -220,10 +220,10 @@ def _reverse_ui_loader(node: dict, core_ver) -> None:
         del node["properties"]
 
 
-def _swap_ui_loaders(nodes: list[dict], version: str) -> list[dict]:
+def _swap_ui_loaders(nodes: list[dict], version: str, chosen) -> list[dict]:
     swapped = []
     for node in nodes:
-        if node["type"] not in STOCK_TO_PACK:
+        if node["type"] not in STOCK_TO_PACK or not chosen(node):
             continue
         before = copy.deepcopy(node)
         properties = node.get("properties")
@@ -363,7 +363,7 @@ def _model_sources(graph: dict, subgraph_ids: set):
                 yield node, slot, io_type
 
 
-def _insert_ui_apply_nodes(doc: dict, version: str) -> tuple[list, list]:
+def _insert_ui_apply_nodes(doc: dict, version: str, chosen) -> tuple[list, list]:
     inserted, warnings = [], []
     ids = _Ids(doc)
     counters_before = _counter_values(doc)
@@ -372,6 +372,8 @@ def _insert_ui_apply_nodes(doc: dict, version: str) -> tuple[list, list]:
         links = _Links(graph, root=graph is doc)
         nodes = {node.get("id"): node for node in graph.get("nodes", [])}
         for source, slot, io_type in list(_model_sources(graph, subgraph_ids)):
+            if not chosen(source):
+                continue
             apply_type, input_name = APPLY_NODE[io_type]
             output = source["outputs"][slot]
             by_id = links.by_id()
@@ -528,8 +530,19 @@ def _remove_api_apply_nodes(doc: dict) -> list:
 
 # ---- the swap ----
 
-def swap(doc, reverse: bool = False, version: str = VERSION) -> Changes:
-    """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns what changed."""
+def _chosen_node(doc: dict, only: dict):
+    """The node ``only`` names: ``{"graph": subgraph id, or None for the top level, "node": node id}``."""
+    for graph in _graphs(doc):
+        if (graph is doc) == (only.get("graph") is None) and (graph is doc or graph.get("id") == only["graph"]):
+            for node in graph.get("nodes", []):
+                if node.get("id") == only.get("node"):
+                    return node
+    raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
+
+
+def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None = None) -> Changes:
+    """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns what changed. ``only``
+    (UI format, swap only) limits the swap to one node: ``{"graph": subgraph id or None, "node": node id}``."""
     changes = Changes()
     if workflow_format(doc) == "api":
         if reverse:
@@ -554,8 +567,10 @@ def swap(doc, reverse: bool = False, version: str = VERSION) -> Changes:
             _reverse_ui_loader(node, core_ver)
         changes.left = [node for node in ui_nodes(doc) if node["type"].startswith(RULES["pack_node_prefix"])]
         return changes
-    changes.swapped = _swap_ui_loaders(nodes, version)
-    changes.inserted, changes.warnings = _insert_ui_apply_nodes(doc, version)
+    target = _chosen_node(doc, only) if only else None
+    chosen = lambda node: target is None or node is target  # noqa: E731
+    changes.swapped = _swap_ui_loaders(nodes, version, chosen)
+    changes.inserted, changes.warnings = _insert_ui_apply_nodes(doc, version, chosen)
     return changes
 
 
