@@ -26,6 +26,13 @@ MUSIC3_TINY_TEXT_ENCODER = {
 }
 MUSIC3_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_int8_convrot.safetensors"
 MUSIC3_DAV_FILE = "minimax_music3_dav.safetensors"
+H3_DIT_FILES = ("minimax_h3_fl2va_pruned_int8_convrot.safetensors", "minimax_h3_ref2va_pruned_int8_convrot.safetensors")
+# ComfyUI reads every one of these from the H3 DiT file's shapes; latents_dim and audio_latents_dim keep the real
+# latent formats' channel counts
+H3_TINY_DIT = {"hidden_size": 64, "num_layers": 2, "token_refiner_num_layers": 1, "num_attention_heads": 2,
+               "attention_head_dim": 32, "ffn_hidden_size": 128, "latents_dim": 24, "audio_latents_dim": 32,
+               "text_dim": 64, "timestep_input_dim": 256, "time_embed_hidden_size": 64, "time_embed_dim": 32,
+               "rope_inv_freq_len": 16}
 
 
 def random_like(shape: torch.Size, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
@@ -86,11 +93,21 @@ def music3_dav(generator: torch.Generator) -> dict:
     return state
 
 
+def h3_dit(generator: torch.Generator) -> dict:
+    import comfy.ops
+    from comfy.ldm.minimax.model import MiniMaxH3Model
+
+    with torch.device("meta"):
+        model = MiniMaxH3Model(**H3_TINY_DIT, dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init)
+    return random_state_dict(model, torch.bfloat16, generator)
+
+
 def write_models(models_dir: Path) -> dict[str, Path]:
     """Writes every synthetic model under ``models_dir/<ComfyUI folder>/``; returns their paths by file name."""
     generator = torch.Generator().manual_seed(SEED)
     files = {("text_encoders", MUSIC3_TEXT_ENCODER_FILE): music3_text_encoder,
-             ("vae", MUSIC3_DAV_FILE): music3_dav}
+             ("vae", MUSIC3_DAV_FILE): music3_dav,
+             **{("diffusion_models", name): h3_dit for name in H3_DIT_FILES}}
     written = {}
     for (folder, name), build in files.items():
         path = models_dir / folder / name

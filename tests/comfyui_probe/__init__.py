@@ -28,9 +28,10 @@ class TestProbeSaveTensors:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"filename": ("STRING", {"default": "probe"})},
-                "optional": {"conditioning": ("CONDITIONING",), "latent": ("LATENT",), "audio": ("AUDIO",)}}
+                "optional": {"conditioning": ("CONDITIONING",), "latent": ("LATENT",), "audio": ("AUDIO",),
+                             "sigmas": ("SIGMAS",)}}
 
-    def save(self, filename, conditioning=None, latent=None, audio=None):
+    def save(self, filename, conditioning=None, latent=None, audio=None, sigmas=None):
         tensors = {}
         if conditioning is not None:
             tensors["conditioning"] = conditioning[0][0]
@@ -39,6 +40,8 @@ class TestProbeSaveTensors:
         if audio is not None:
             tensors["audio"] = audio["waveform"]
         os.makedirs(folder_paths.get_output_directory(), exist_ok=True)
+        if sigmas is not None:
+            tensors["sigmas"] = sigmas
         path = os.path.join(folder_paths.get_output_directory(), f"{filename}.safetensors")
         save_file({name: tensor.detach().to("cpu", torch.float32).contiguous() for name, tensor in tensors.items()},
                   path)
