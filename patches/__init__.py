@@ -125,6 +125,8 @@ def attach_fixes(patcher, target: str) -> list[str]:
         key = key_for(fix)
         fix.detach(patcher, key)
         fix.attach(patcher, key)
+        log.info("MiniMax Hotfix: %s attached to %s (%s patcher %s)", fix.id, type(getattr(patcher, "model", None)).__name__,
+                 target, type(patcher).__name__)
         attached.append(fix.id)
     return attached
 

@@ -9,12 +9,15 @@ objects only through the patcher they are handed.
 from __future__ import annotations
 
 import enum
+import logging
 import types
 import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 PACK_KEY = "minimax_hotfix"
+
+log = logging.getLogger("minimax_hotfix")
 
 
 class State(str, enum.Enum):
@@ -99,11 +102,12 @@ class AttributeOverride:
             setattr(self.obj, self.name, self.previous)
 
 
-def model_injection(install: Callable[[object], list]):
+def model_injection(install: Callable[[object], list], fix_id: str):
     """A ComfyUI ``PatcherInjection`` that runs ``install(patcher.model)`` after each load and undoes it on eject.
 
     ``install`` returns handles with ``.remove()`` (torch hook handles, ``AttributeOverride``). Injecting a model
-    that is already injected is a no-op, so repeated loads never stack hooks.
+    that is already injected is a no-op, so repeated loads never stack hooks. Each install is logged with its
+    hook count, so a user's log shows whether a fix found anything to repair in the loaded model.
     """
     handles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -111,6 +115,8 @@ def model_injection(install: Callable[[object], list]):
         model = patcher.model
         if model not in handles:
             handles[model] = list(install(model))
+            log.info("MiniMax Hotfix: %s hooked %d module(s) of %s (%d hook(s))", fix_id,
+                     hooked_modules(handles[model]), type(model).__name__, len(handles[model]))
 
     def eject(patcher) -> None:
         for handle in reversed(handles.pop(patcher.model, [])):
@@ -121,6 +127,11 @@ def model_injection(install: Callable[[object], list]):
     except ImportError:
         return types.SimpleNamespace(inject=inject, eject=eject)
     return PatcherInjection(inject=inject, eject=eject)
+
+
+def hooked_modules(handles: list) -> int:
+    """Distinct objects an install changed; a torch hook handle counts as one, as it names no module."""
+    return len({id(getattr(handle, "obj", handle)) for handle in handles})
 
 
 def set_injection(patcher, key: str, injection) -> None:

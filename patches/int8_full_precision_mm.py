@@ -215,11 +215,14 @@ class Int8FullPrecisionMM(Fix):
     def injection(self):
         """Diverts the model's int8 layers after each load, but only when its load device lacks int8 compute, so a
         model on a CUDA device is left exactly as the stock loader made it."""
-        divert = model_injection(self.divert_int8_layers)
+        divert = model_injection(self.divert_int8_layers, self.id)
 
         def inject(patcher) -> None:
             if not int8_compute_available(patcher.load_device):
                 divert.inject(patcher)
+            else:
+                log.info("MiniMax Hotfix: %s hooked 0 module(s) of %s: %s has int8 compute", self.id,
+                         type(patcher.model).__name__, patcher.load_device)
 
         return type(divert)(inject=inject, eject=divert.eject)
 

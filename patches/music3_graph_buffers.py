@@ -89,7 +89,7 @@ class Music3GraphBuffers(Fix):
         return [AttributeOverride(decoder, "forward", pooled)]
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install))
+        set_injection(patcher, key, model_injection(self.install, self.id))
 
     def self_test(self):
         """A tiny Llama-shaped decoder decoded like Music 3's AR loop, graphs off vs per-layer graphs: real CUDA

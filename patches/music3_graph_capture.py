@@ -105,7 +105,7 @@ class Music3GraphCapture(Fix):
         return handles
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install))
+        set_injection(patcher, key, model_injection(self.install, self.id))
 
     def self_test(self):
         """A tiny Llama-shaped decoder with one GGUF-style Q4_0 layer. CPU: capture rules emulated on ``meta``

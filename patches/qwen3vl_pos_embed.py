@@ -142,7 +142,7 @@ class Qwen3VLPosEmbedFix(Fix):
                                      "interpolates on the CPU (no crash: forward moves the result)")
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(install_on_towers))
+        set_injection(patcher, key, model_injection(install_on_towers, self.id))
 
     def self_test(self) -> Iterable[Check]:
         if _tower_class() is None:

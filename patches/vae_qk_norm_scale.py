@@ -185,7 +185,7 @@ class VaeQkNormScale(Fix):
         return install_on(found) if found else []
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install))
+        set_injection(patcher, key, model_injection(self.install, self.id))
 
     def self_test(self):
         """The stand-in module with q/k/table on the device and its buffer left on the CPU: without hooks (red) and

@@ -46,7 +46,7 @@ class CountingFix(Fix):
         return hooks + [AttributeOverride(model, "hotfixed", True)]
 
     def attach(self, patcher, key):
-        set_injection(patcher, key, model_injection(self.install))
+        set_injection(patcher, key, model_injection(self.install, self.id))
 
 
 class RaisingDetectFix(CountingFix):
