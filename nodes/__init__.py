@@ -74,7 +74,8 @@ def _apply_node(node_id: str, target: str, io_type: str):
 
 class MiniMaxHotfixStatus:
     DESCRIPTION = "Shows, for this ComfyUI, each MiniMax Hotfix fix: applied, fixed upstream, not applicable, " \
-                  "not affected or disabled, with the reason."
+                  "not affected, failed (its import, detection or target code broke) or disabled (switched off by " \
+                  "MINIMAX_HOTFIX_DISABLE), with the reason."
     CATEGORY = CATEGORY
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("report",)

@@ -6,10 +6,11 @@ Guarantees (each has a test in tests/test_registry.py):
 * detaching restores the original objects;
 * only the patcher handed in is touched, so a stock loader's model in the same process is not;
 * everything is patcher-level, so ComfyUI's clone() and cached_patcher_init rebuilds carry the fixes along;
-* a fix whose module fails to import or whose detection raises is disabled alone, logged once, never raised.
+* a fix whose module fails to import or whose detection raises is "failed" alone, logged once, never raised.
 
-Off switch: MINIMAX_HOTFIX_DISABLE=<id>[,<id>...] (or "all"), read when a fix is looked at, so it also
-works for a ComfyUI started with the variable set.
+Off switch: MINIMAX_HOTFIX_DISABLE=<id>[,<id>...] (or "all"; case-insensitive), read when a fix is looked at, so
+it also works for a ComfyUI started with the variable set. Only the switch gives the state "disabled"; an id it
+names that no fix has is logged once with the known ids.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _lock = threading.RLock()
 _fixes: dict[str, Fix] | None = None
 _detected: dict[str, Status] = {}
 _broken_modules: dict[str, str] = {}
+_reported_unknown_ids: set[str] = set()
 
 
 def all_fixes() -> dict[str, Fix]:
@@ -45,7 +47,7 @@ def all_fixes() -> dict[str, Fix]:
                     fix = importlib.import_module(f"{__name__}.{info.name}").FIX
                 except Exception as exc:  # a broken fix must never break ComfyUI start-up
                     _broken_modules[info.name] = f"{type(exc).__name__}: {exc}"
-                    log.warning("MiniMax Hotfix: fix module %s failed to import and is disabled: %s", info.name, exc)
+                    log.warning("MiniMax Hotfix: fix module %s failed to import and is left off: %s", info.name, exc)
                     continue
                 found[fix.id] = fix
             _fixes = found
@@ -62,14 +64,26 @@ def key_for(fix: Fix) -> str:
 
 
 def disabled_ids() -> set[str]:
-    return {part.strip() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
+    """The ids named by the off switch, lower-cased; an unknown one is logged once with the known ids."""
+    named = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
+    known = {fix_id.lower() for fix_id in all_fixes()} | set(broken_modules())
+    unknown = sorted(named - known - {"all"} - _reported_unknown_ids)
+    if unknown:
+        _reported_unknown_ids.update(unknown)
+        log.warning("MiniMax Hotfix: %s names no known fix: %s (known ids: %s, or all)", DISABLE_ENV,
+                    ", ".join(unknown), ", ".join(sorted(known)))
+    return named
+
+
+def switched_off(fix_id: str) -> bool:
+    named = disabled_ids()
+    return fix_id.lower() in named or "all" in named
 
 
 def status(fix: Fix) -> Status:
     """The fix's state for this process. Detection runs once (until final, for provisional answers); the off
     switch is checked every time."""
-    switched_off = disabled_ids()
-    if fix.id in switched_off or "all" in switched_off:
+    if switched_off(fix.id):
         return Status(State.DISABLED, f"switched off by {DISABLE_ENV}")
     with _lock:
         known = _detected.get(fix.id)
@@ -78,7 +92,7 @@ def status(fix: Fix) -> Status:
         try:
             found = fix.detect()
         except Exception as exc:
-            found = Status(State.DISABLED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
+            found = Status(State.FAILED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
         if found != known:
             _log_status(fix, found)
         _detected[fix.id] = found
@@ -86,7 +100,7 @@ def status(fix: Fix) -> Status:
 
 
 def _log_status(fix: Fix, found: Status) -> None:
-    if found.state == State.DISABLED:
+    if found.state == State.FAILED:
         log.warning("MiniMax Hotfix: %s: %s", fix.id, found.reason)
     else:
         log.info("MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
@@ -143,5 +157,5 @@ def uninstall_process_fixes() -> None:
 __all__ = [
     "Check", "Fix", "State", "Status", "DISABLE_ENV", "all_fixes", "attach_fixes", "broken_modules",
     "detach_fixes", "disabled_ids", "fixes_for", "forget_detection", "install_process_fixes", "key_for",
-    "status", "uninstall_process_fixes",
+    "status", "switched_off", "uninstall_process_fixes",
 ]

@@ -18,10 +18,14 @@ PACK_KEY = "minimax_hotfix"
 
 
 class State(str, enum.Enum):
+    """``FAILED``: the fix turned itself off because its import, its detection or its target code broke (the reason
+    says which); ``DISABLED``: only the user's off switch, MINIMAX_HOTFIX_DISABLE."""
+
     APPLIED = "applied"
     FIXED_UPSTREAM = "fixed upstream"
     NOT_APPLICABLE = "not applicable"
     NOT_AFFECTED = "not affected"
+    FAILED = "failed"
     DISABLED = "disabled"
 
 

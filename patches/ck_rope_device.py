@@ -87,7 +87,7 @@ class CkRopeDevice(Fix):
             except (TypeError, ValueError) as exc:
                 drifted.append(f"{name}: {exc}")
         if drifted:
-            return Status(State.DISABLED, f"rope signatures changed ({'; '.join(drifted)}); fix left off")
+            return Status(State.FAILED, f"rope signatures changed ({'; '.join(drifted)}); fix left off")
         if eager_aligns_devices():
             return Status(State.FIXED_UPSTREAM, "comfy-kitchen's eager rope moves a stray scale to the input itself")
         return Status(State.APPLIED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "

@@ -220,7 +220,7 @@ class Int8FullPrecisionMM(Fix):
             return Status(State.NOT_APPLICABLE, "no ComfyUI with int8 ops and linear_input_act is importable here")
         drift = self._drift(ops)
         if drift:
-            return Status(State.DISABLED, f"target drifted: {drift}")
+            return Status(State.FAILED, f"target drifted: {drift}")
         reaching = self.kinds_reaching_int_mm(ops)
         parts = []
         for kind in MODEL_KINDS:

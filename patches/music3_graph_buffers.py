@@ -74,7 +74,7 @@ class Music3GraphBuffers(Fix):
                                               "addresses")
         if "decode_buffers" not in inspect.signature(forward).parameters or not hasattr(llama.Llama2_,
                                                                                         "init_decode_buffers"):
-            return Status(State.DISABLED, "Llama2_.forward has neither cross-step buffers nor a decode_buffers "
+            return Status(State.FAILED, "Llama2_.forward has neither cross-step buffers nor a decode_buffers "
                                           "parameter with init_decode_buffers: the code drifted, fix left off")
         if "decode_buffers" in inspect.getsource(ar.MiniMaxMusic3AR.generate):
             return Status(State.FIXED_UPSTREAM, "MiniMaxMusic3AR.generate passes decode_buffers (#16428)")

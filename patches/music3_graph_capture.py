@@ -76,10 +76,10 @@ class Music3GraphCapture(Fix):
         if prefetch is None or music is None:
             return Status(State.NOT_APPLICABLE, "ComfyUI with MiniMax Music 3 CUDA graphs is not importable here")
         if not GRAPH_GATE.search(inspect.getsource(prefetch.prefetch_queue_pop)):
-            return Status(State.DISABLED, "comfy.model_prefetch.prefetch_queue_pop no longer gates graph capture on "
+            return Status(State.FAILED, "comfy.model_prefetch.prefetch_queue_pop no longer gates graph capture on "
                                           "the unit's _v_block: the code drifted, fix left off")
         if not callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)):
-            return Status(State.DISABLED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
+            return Status(State.FAILED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
                                           "fix left off")
         return Status(State.APPLIED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
                                      "or host-resident unit fails capture (#16002)")

@@ -18,7 +18,7 @@ Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860). S
 verl-project/verl#5571, invoke-ai/InvokeAI#9373.
 Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any text encoder holding that tower.
 Already fixed upstream when ``fast_pos_embed_interpolate`` no longer takes its device from ``pos_embed.weight``;
-disabled when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
+failed (left off) when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
 compute-device copy on a tiny CPU tower (checked once, in ``detect``).
 The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is left alone: it is N x head_dim/2
 values, and dynamic VRAM puts buffers on the compute device.
@@ -125,7 +125,7 @@ class Qwen3VLPosEmbedFix(Fix):
         method = tower_class.__dict__.get("fast_pos_embed_interpolate")
         forward_names = inspect.unwrap(tower_class.forward).__code__.co_names
         if method is None or "fast_pos_embed_interpolate" not in forward_names:
-            return Status(State.DISABLED, "Qwen35VisionModel no longer builds its position table in "
+            return Status(State.FAILED, "Qwen35VisionModel no longer builds its position table in "
                                           "fast_pos_embed_interpolate: target drifted, fix left off")
         if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
@@ -135,7 +135,7 @@ class Qwen3VLPosEmbedFix(Fix):
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))
         if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_GRID))):
-            return Status(State.DISABLED, "fast_pos_embed_interpolate computes something else than the pack's "
+            return Status(State.FAILED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
         return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
                                      "with the weight in CPU RAM (dynamic VRAM, lowvram offload) every image "
@@ -156,9 +156,9 @@ class Qwen3VLPosEmbedFix(Fix):
         pixels = tiny_pixels()
         resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
         with_fix = install_on_towers(tower)
-        try:
-            checks.append(Check("green: all on cpu, output bit-identical to the stock tower",
-                                all(map(torch.equal, outputs(tower(pixels, grid)), resident))))
+        try:  # run first, while the tower is all on cpu; printed after the red control and its green
+            all_on_cpu = Check("green: all on cpu, output bit-identical to the stock tower",
+                               all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
         finally:
             remove_handles(with_fix)
 
@@ -188,7 +188,7 @@ class Qwen3VLPosEmbedFix(Fix):
                                 f"gather ran on {[d.type for d in gather_devices]}"))
         finally:
             spy.remove()
-        return checks
+        return [*checks, all_on_cpu]
 
 
 FIX = Qwen3VLPosEmbedFix()

@@ -23,7 +23,7 @@ Everything on one device: no move happens and outputs are bit-identical to the u
 Upstream: verl-project/verl#5571 (open, same error on npu); no transformers fix up to 5.24.0.
 Applies to: transformers >= 4.57 with Qwen3-VL (4.57.6, 5.0-5.8 method form; 5.9-5.24 indexing form checked).
 Already fixed upstream when the method form no longer reads ``pos_embed.weight.device``, or the indexing form's
-``forward`` refers to ``hidden_states.device``; disabled when ``forward`` uses neither form.
+``forward`` refers to ``hidden_states.device``; failed (left off) when ``forward`` uses neither form.
 Off switch: ``MINIMAX_HOTFIX_DISABLE=transformers_qwen3vl_pos_embed`` (``attach_to_transformers_model`` then
 attaches nothing).
 """
@@ -263,7 +263,7 @@ class TransformersQwen3VLPosEmbedFix(Fix):
             return Status(State.APPLIED, f"transformers {version}: the vision tower gathers pos_embed with indices "
                                          "built on grid_thw's device and never reconciles devices; custom nodes "
                                          "attach the fix with attach_to_transformers_model(model)")
-        return Status(State.DISABLED, "Qwen3VLVisionModel.forward uses neither fast_pos_embed_interpolate nor "
+        return Status(State.FAILED, "Qwen3VLVisionModel.forward uses neither fast_pos_embed_interpolate nor "
                                       "pos_embed: target drifted, fix left off")
 
     def self_test(self) -> Iterable[Check]:
@@ -276,9 +276,9 @@ class TransformersQwen3VLPosEmbedFix(Fix):
             reference = outputs(tower(pixels, grid))
             with _installed(tower, form):
                 patched = outputs(tower(pixels, grid))
-        checks = [Check("green: all on cpu, outputs bit-identical to the unpatched tower",
-                        all(map(torch.equal, patched, reference)))]
-        return checks + list(_cross_device_checks(tower, form, pixels, grid, reference))
+        all_on_cpu = Check("green: all on cpu, outputs bit-identical to the unpatched tower",
+                           all(map(torch.equal, patched, reference)))
+        return [*_cross_device_checks(tower, form, pixels, grid, reference), all_on_cpu]
 
 
 def _cross_device_checks(tower, form: str, pixels, grid, reference) -> Iterable[Check]:

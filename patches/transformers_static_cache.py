@@ -27,7 +27,7 @@ wrapper probes the real, unwrapped methods once on a tiny random Qwen3 (0.4 to 1
 FakeTensor ``cuda`` device (do the nested masks reach ``cuda``?), and ``_get_static_cache_init_shape`` with a TP size
 of 2 and an MLP-only plan (are the 2 KV heads kept?). Each wrapper repairs only if its probe shows the bug, and the
 verdict is logged once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on
-drifted code leaves its half off (DISABLED) and says so in the log.
+drifted code leaves its half off (FAILED) and says so in the log.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=transformers_static_cache`` (also read on every wrapped call).
 """
@@ -98,7 +98,7 @@ class Verdict:
         return State.APPLIED in (self.masks.state, self.tp_heads.state)
 
     def combined(self) -> Status:
-        order = (State.APPLIED, State.DISABLED, State.FIXED_UPSTREAM, State.NOT_AFFECTED, State.NOT_APPLICABLE)
+        order = (State.APPLIED, State.FAILED, State.FIXED_UPSTREAM, State.NOT_AFFECTED, State.NOT_APPLICABLE)
         state = min((self.masks.state, self.tp_heads.state), key=order.index)
         return Status(state, f"transformers {_transformers_version()}: nested masks: {self.masks.reason}; "
                              f"TP KV heads: {self.tp_heads.reason}")
@@ -224,7 +224,7 @@ def _probe_tp_heads(mixin) -> Status:
     if heads == PROBE_KV_HEADS // 2:
         return Status(State.APPLIED, "repaired: divided by the TP size even when the plan does not shard k/v; the "
                                      "pack divides only for a colwise key projection")
-    return Status(State.DISABLED, f"target drifted: {INIT_SHAPE} gave {heads} heads for a plan that does not "
+    return Status(State.FAILED, f"target drifted: {INIT_SHAPE} gave {heads} heads for a plan that does not "
                                   f"shard k/v (expected {PROBE_KV_HEADS}, or {PROBE_KV_HEADS // 2} with the bug)")
 
 
@@ -232,7 +232,7 @@ def _probed(probe, mixin) -> Status:
     try:
         return probe(mixin)
     except Exception as exc:  # drifted internals must switch this half off, never break generate()
-        return Status(State.DISABLED, f"target drifted, left off: probe failed ({type(exc).__name__}: {exc})")
+        return Status(State.FAILED, f"target drifted, left off: probe failed ({type(exc).__name__}: {exc})")
 
 
 def verdict() -> Verdict:
@@ -246,7 +246,7 @@ def verdict() -> Verdict:
             with unset_fake_temporarily():  # the first generate() may run under a caller's FakeTensorMode
                 found = Verdict(_probed(_probe_masks, GenerationMixin), _probed(_probe_tp_heads, GenerationMixin))
             status = found.combined()
-            level = logging.WARNING if State.DISABLED in (found.masks.state, found.tp_heads.state) else logging.INFO
+            level = logging.WARNING if State.FAILED in (found.masks.state, found.tp_heads.state) else logging.INFO
             log.log(level, "MiniMax Hotfix: %s: %s (%s)", FIX_ID, status.state.value, status.reason)
             _verdict = found
         return _verdict
@@ -255,10 +255,9 @@ def verdict() -> Verdict:
 def _repairing(half: str) -> bool:
     """Whether a wrapper repairs ``half`` now: not switched off, and the probe found that bug. Where the probe finds
     nothing to repair the wrappers remove themselves, leaving transformers exactly as it ships."""
-    from . import disabled_ids
+    from . import switched_off
 
-    switched_off = disabled_ids()
-    if FIX_ID in switched_off or "all" in switched_off:
+    if switched_off(FIX_ID):
         return False
     found = verdict()
     if not found.needs_repair():
@@ -411,7 +410,7 @@ class TransformersStaticCacheFix(Fix):
         from transformers.generation.utils import GenerationMixin
 
         found = verdict()
-        yield Check("verdict", found.masks.state is not State.DISABLED and found.tp_heads.state is not State.DISABLED,
+        yield Check("verdict", found.masks.state is not State.FAILED and found.tp_heads.state is not State.FAILED,
                     found.combined().reason)
         prepare = _unwrapped(GenerationMixin, PREPARE_INPUTS)
         if found.masks.state is State.APPLIED:

@@ -161,12 +161,12 @@ class VaeQkNormScale(Fix):
                                                 "importable here")
         attention = getattr(vae, "Attention", None)
         if attention is None or not hasattr(vae, "ViT3DDecoder"):
-            return Status(State.DISABLED, "comfy.ldm.minimax.vae has no Attention or ViT3DDecoder class: the VAE "
+            return Status(State.FAILED, "comfy.ldm.minimax.vae has no Attention or ViT3DDecoder class: the VAE "
                                           "changed, fix left off")
         try:
             owns_buffer = owns_scale_buffer(attention)
         except Exception as exc:
-            return Status(State.DISABLED, f"Attention(heads=, dim_head=) cannot be built ({type(exc).__name__}: "
+            return Status(State.FAILED, f"Attention(heads=, dim_head=) cannot be built ({type(exc).__name__}: "
                                           f"{exc}): the VAE changed, fix left off")
         if not owns_buffer:
             return Status(State.NOT_APPLICABLE, "this VAE's Attention has no qk_norm_scale buffer (rms_norm, then "
@@ -174,7 +174,7 @@ class VaeQkNormScale(Fix):
         try:
             raw = hands_raw_buffer(attention.forward, BUFFER)
         except (OSError, TypeError, SyntaxError) as exc:
-            return Status(State.DISABLED, f"Attention.forward's source cannot be read ({exc}); fix left off")
+            return Status(State.FAILED, f"Attention.forward's source cannot be read ({exc}); fix left off")
         if not raw:
             return Status(State.FIXED_UPSTREAM, "Attention.forward no longer hands qk_norm_scale to the kernel as is")
         return Status(State.APPLIED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "

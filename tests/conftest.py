@@ -19,9 +19,12 @@ def comfyui():
     """The path of a real ComfyUI, importable and in CPU mode when no GPU is present."""
     if not os.environ.get("COMFYUI_PATH"):
         pytest.skip("needs a ComfyUI checkout: set COMFYUI_PATH")
-    from minimax_hotfix.patches._comfy import use_comfyui_checkout
+    from minimax_hotfix.patches._comfy import ComfyUIUnavailable, use_comfyui_checkout
 
-    return use_comfyui_checkout()
+    try:
+        return use_comfyui_checkout()
+    except ComfyUIUnavailable as exc:
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture

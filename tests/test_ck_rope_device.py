@@ -173,10 +173,10 @@ def test_detects_a_kitchen_whose_eager_rope_aligns_itself(fresh_detection, monke
     assert patches.status(FIX).state == State.FIXED_UPSTREAM
 
 
-def test_disables_itself_when_a_rope_signature_drifted(fresh_detection, monkeypatch):
+def test_fails_and_stays_off_when_a_rope_signature_drifted(fresh_detection, monkeypatch):
     monkeypatch.setattr(comfy_kitchen, "rms_rope1", lambda x, freqs, weight, eps=1e-6: None)
     status = patches.status(FIX)
-    assert status.state == State.DISABLED and "rms_rope1" in status.reason
+    assert status.state == State.FAILED and "rms_rope1" in status.reason
 
 
 def test_not_applicable_without_kitchen(fresh_detection, monkeypatch):

@@ -614,7 +614,7 @@ def test_detection_on_the_0_33_0_signature_and_on_a_drifted_one(monkeypatch):
     assert FIX.detect().state is State.APPLIED
     use_modules(monkeypatch, standin_core(parameters=("linear", "x", "input_act", "act_scale")))
     found = FIX.detect()
-    assert found.state is State.DISABLED and "act_scale" in found.reason, found
+    assert found.state is State.FAILED and "act_scale" in found.reason, found
 
 
 def test_detection_without_comfyui(monkeypatch):

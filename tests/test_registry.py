@@ -157,13 +157,13 @@ def test_fixes_survive_clone_and_rebuild_from_cached_patcher_init(backend, regis
     assert calls_per_forward(fix, backend, backend.rebuild(direct)) == 0
 
 
-def test_a_failing_detection_disables_only_that_fix_and_logs_once(backend, registry, caplog):
+def test_a_failing_detection_fails_only_that_fix_and_logs_once(backend, registry, caplog):
     good, bad = registry(CountingFix(), RaisingDetectFix())
     patcher = backend.patcher(tiny_model())
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
         assert patches.attach_fixes(patcher, "model") == [good.id]
         patches.attach_fixes(backend.patcher(tiny_model()), "model")
-        assert patches.status(bad).state is State.DISABLED
+        assert patches.status(bad).state is State.FAILED
     assert "target moved" in patches.status(bad).reason
     assert [r.getMessage() for r in caplog.records].count(f"MiniMax Hotfix: {bad.id}: {patches.status(bad).reason}") == 1
     assert calls_per_forward(good, backend, patcher) == 2
@@ -171,6 +171,22 @@ def test_a_failing_detection_disables_only_that_fix_and_logs_once(backend, regis
     # Red control: the detection really raises when called outside the registry.
     with pytest.raises(RuntimeError, match="target moved"):
         bad.detect()
+
+
+def test_failed_and_switched_off_are_different_states(monkeypatch, registry):
+    good, bad = registry(CountingFix(), RaisingDetectFix())
+    monkeypatch.setenv(patches.DISABLE_ENV, good.id)
+    assert status_report_rows() == [(good.id, "disabled", f"switched off by {patches.DISABLE_ENV}"),
+                                    (bad.id, "failed", "detection failed (RuntimeError: target moved); fix left off")]
+    # Red control: switched off too, the failing fix reads "disabled": the switch wins, detection never runs.
+    monkeypatch.setenv(patches.DISABLE_ENV, f"{good.id},{bad.id}")
+    assert [row[1] for row in status_report_rows()] == ["disabled", "disabled"]
+
+
+def status_report_rows():
+    from minimax_hotfix.patches._report import status_rows
+
+    return status_rows(list(patches.all_fixes().values()))
 
 
 def test_a_fix_module_that_fails_to_import_is_skipped(monkeypatch, tmp_path, caplog):
@@ -188,6 +204,9 @@ def test_a_fix_module_that_fails_to_import_is_skipped(monkeypatch, tmp_path, cap
         assert list(patches.all_fixes()) == ["good_fix"]
     assert "needs a newer ComfyUI" in patches.broken_modules()["broken_fix"]
     assert any("broken_fix failed to import" in r.getMessage() for r in caplog.records)
+    from minimax_hotfix.patches._report import status_rows
+
+    assert status_rows()[-1] == ("broken_fix", "failed", "module failed to import: ImportError: needs a newer ComfyUI")
     monkeypatch.setattr(patches, "_fixes", None)  # the next test rediscovers the real fixes
 
 
@@ -200,6 +219,29 @@ def test_the_off_switch_disables_a_fix_without_detecting_it(monkeypatch, registr
     assert patches.status(good).state is State.DISABLED
     monkeypatch.delenv(patches.DISABLE_ENV)
     assert patches.status(good).state is State.APPLIED
+
+
+@pytest.mark.parametrize("switch", ["ALL", "All", "TEST_COUNTING", " Test_Counting "])
+def test_the_off_switch_ignores_case(monkeypatch, registry, switch):
+    (fix,) = registry(CountingFix())
+    monkeypatch.setenv(patches.DISABLE_ENV, switch)
+    assert patches.status(fix).state is State.DISABLED
+    # Red control: the switch's spelling differs from the id and from "all", so an exact match would miss it.
+    assert switch not in (fix.id, "all")
+
+
+def test_an_unknown_id_in_the_off_switch_is_logged_once_with_the_known_ids(monkeypatch, registry, caplog):
+    (fix,) = registry(CountingFix())
+    monkeypatch.setattr(patches, "_reported_unknown_ids", set())
+    monkeypatch.setenv(patches.DISABLE_ENV, "test_countin, all_fixes")
+    with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
+        for _ in range(3):
+            # Red control: the typo switches nothing off, so without the warning nothing would tell.
+            assert patches.status(fix).state is State.APPLIED
+    assert [r.getMessage() for r in caplog.records] == [
+        f"MiniMax Hotfix: {patches.DISABLE_ENV} names no known fix: all_fixes, test_countin "
+        f"(known ids: {fix.id}, or all)"
+    ]
 
 
 class ProvisionalFix(CountingFix):

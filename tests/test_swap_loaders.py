@@ -1,5 +1,7 @@
-"""tools/swap_loaders.py: swaps every stock loader (subgraphs, group nodes and API format included), changes
-nothing else, reverses exactly, writes atomically, never overwrites its input unless told to, and fails clearly."""
+"""tools/swap_loaders.py: swaps every stock loader (subgraphs, group nodes and API format included), inserts the
+Apply node after every other MODEL/CLIP/VAE loader, changes nothing else, reverses exactly, writes safely
+(atomically, through symlinks, keeping mode and owner, never a read-only file or its input unless told to), and
+fails clearly with one prefix."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import ast
 import copy
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import tomllib
@@ -18,7 +22,8 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
 sys.path.insert(0, str(TOOL.parent))
 import swap_loaders  # noqa: E402
-from swap_loaders import ATTRIBUTION_KEYS, ORIGINAL_KEY, PACK_TO_STOCK, STOCK_TO_PACK  # noqa: E402
+from swap_loaders import ATTRIBUTION_KEYS, INSERTED_KEY, ORIGINAL_KEY, PACK_TO_STOCK, STOCK_TO_PACK  # noqa: E402
+from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
 
 TEMPLATES = resources.files("comfyui_workflow_templates_json") / "templates"
 MINIMAX_NODE_PREFIXES = ("MiniMaxH3", "EmptyMiniMax", "MiniMaxMusic3")
@@ -64,6 +69,45 @@ def _without_attribution(doc):
     return doc
 
 
+def _graph_links(graph):
+    """{link id: (origin id, origin slot, target id, target slot, type)} of one graph, arrays or objects."""
+    fields = ("origin_id", "origin_slot", "target_id", "target_slot", "type")
+    return {(link["id"] if isinstance(link, dict) else link[0]):
+            tuple(link[key] for key in fields) if isinstance(link, dict) else tuple(link[1:6])
+            for link in graph.get("links", [])}
+
+
+def assert_rewired(original, swapped):
+    """Each inserted Apply node takes its loader's output, and every link that left that output now leaves the
+    Apply node, at both ends; nothing else moved."""
+    for graph_before, graph in zip(swap_loaders._graphs(original), swap_loaders._graphs(swapped)):
+        before, after = _graph_links(graph_before), _graph_links(graph)
+        nodes = {node["id"]: node for node in graph["nodes"]}
+        for apply in [node for node in graph["nodes"] if INSERTED_KEY in node.get("properties", {})]:
+            source_id, slot = apply["properties"][INSERTED_KEY]["after"]
+            io_type = nodes[source_id]["outputs"][slot]["type"]
+            assert apply["type"] == swap_loaders.APPLY_NODE[io_type][0]
+            in_link = apply["inputs"][0]["link"]
+            assert after[in_link] == (source_id, slot, apply["id"], 0, io_type)
+            assert nodes[source_id]["outputs"][slot]["links"] == [in_link]
+            moved = [link_id for link_id, link in before.items() if link[:2] == (source_id, slot)]
+            assert moved and apply["outputs"][0]["links"] == moved
+            for link_id in moved:
+                assert after[link_id] == (apply["id"], 0, *before[link_id][2:])
+        untouched = {link_id: link for link_id, link in after.items() if link_id in before}
+        changed = {link_id for link_id in untouched if untouched[link_id] != before[link_id]}
+        origins = {apply["id"] for apply in graph["nodes"] if INSERTED_KEY in apply.get("properties", {})}
+        assert all(after[link_id][0] in origins for link_id in changed)
+
+
+def _without_inserted(doc):
+    """The document without inserted Apply nodes and their links, with every link back at its loader, and the id
+    counters as before: what the swap leaves of the original besides types and attribution."""
+    doc = copy.deepcopy(doc)
+    swap_loaders._remove_ui_apply_nodes(doc)
+    return doc
+
+
 def test_the_templates_package_has_minimax_workflows_with_loaders_in_subgraphs():
     with_loaders = [name for name, text in MINIMAX_TEMPLATES if _loader_paths(json.loads(text))]
     in_subgraphs = [name for name, text in MINIMAX_TEMPLATES
@@ -76,7 +120,7 @@ def test_every_stock_loader_of_every_minimax_template_is_swapped_and_reversed_ex
     original = json.loads(text)
     before = _loader_paths(original)
     swapped = copy.deepcopy(original)
-    changed = swap_loaders.swap(swapped, version="9.9.9")
+    changed = swap_loaders.swap(swapped, version="9.9.9").swapped
 
     after = _loader_paths(swapped)
     assert len(changed) == sum(t in STOCK_TO_PACK for _, _, t in before)
@@ -85,13 +129,17 @@ def test_every_stock_loader_of_every_minimax_template_is_swapped_and_reversed_ex
         assert node["properties"]["cnr_id"] == "minimax-hotfix"
         assert node["properties"]["ver"] == "9.9.9"
         assert node["properties"]["Node name for S&R"] == node["type"]
-    assert _without_attribution(swapped) == _without_attribution(original)  # ids, links, widgets, models...
+    assert_rewired(original, swapped)
+    assert _without_inserted(_without_attribution(swapped)) == _without_attribution(original)  # ids, widgets...
 
     swap_loaders.swap(swapped, reverse=True)
     assert json.dumps(swapped) == json.dumps(original)  # equal, key order included
 
 
-@pytest.mark.parametrize("name,text", MINIMAX_TEMPLATES[:4], ids=[name for name, _ in MINIMAX_TEMPLATES[:4]])
+CHANGED_TEMPLATES = [(name, text) for name, text in MINIMAX_TEMPLATES if swap_loaders.swap(json.loads(text))]
+
+
+@pytest.mark.parametrize("name,text", CHANGED_TEMPLATES, ids=[name for name, _ in CHANGED_TEMPLATES])
 def test_command_line_swap_then_reverse_gives_the_same_bytes(name, text, tmp_path):
     source = tmp_path / name
     source.write_text(text, encoding="utf-8")
@@ -122,7 +170,7 @@ def test_nested_subgraphs_and_group_nodes_are_swapped():
            "links": [], "definitions": {"subgraphs": [outer]},
            "extra": {"groupNodes": {"loaders": {"nodes": [_node(0, "VAELoader", _core("VAELoader"), index=0)]}}}}
     original = copy.deepcopy(doc)
-    assert len(swap_loaders.swap(doc, version="1.0")) == 4
+    assert len(swap_loaders.swap(doc, version="1.0").swapped) == 4
     assert [n["type"] for n in swap_loaders.ui_nodes(doc)] == [
         "MiniMaxHotfixUNETLoader", "outer", "KSampler", "MiniMaxHotfixCLIPLoader", "inner", "MiniMaxHotfixVAELoader",
         "MiniMaxHotfixVAELoader"]
@@ -150,7 +198,7 @@ def test_swapping_twice_changes_nothing_more():
     doc = {"nodes": [_node(1, "VAELoader", _core("VAELoader"))], "links": []}
     swap_loaders.swap(doc, version="0.1.0")
     once = copy.deepcopy(doc)
-    assert swap_loaders.swap(doc, version="0.1.0") == []
+    assert not swap_loaders.swap(doc, version="0.1.0")
     assert doc == once
 
 
@@ -172,7 +220,7 @@ def test_api_format_is_swapped_and_reversed_exactly():
         "4": {"class_type": "VAEDecode", "inputs": {"samples": ["9", 0], "vae": ["3", 0]}},
     }
     original = copy.deepcopy(api)
-    assert len(swap_loaders.swap(api)) == 3
+    assert len(swap_loaders.swap(api).swapped) == 3
     assert [node["class_type"] for node in api.values()] == [
         "MiniMaxHotfixUNETLoader", "MiniMaxHotfixCLIPLoader", "MiniMaxHotfixVAELoader", "VAEDecode"]
     assert [node["inputs"] for node in api.values()] == [node["inputs"] for node in original.values()]
@@ -180,12 +228,12 @@ def test_api_format_is_swapped_and_reversed_exactly():
     assert json.dumps(api) == json.dumps(original)
 
 
-def test_pack_attribution_uses_the_pyproject_version():
+def test_pack_attribution_uses_the_version_of_pyproject_embedded_in_the_tool():
     pyproject = TOOL.parents[1] / "pyproject.toml"
-    assert swap_loaders.pack_version() == tomllib.loads(pyproject.read_text())["project"]["version"]
+    assert swap_loaders.VERSION == tomllib.loads(pyproject.read_text())["project"]["version"]
     doc = {"nodes": [_node(1, "CLIPLoader", _core("CLIPLoader"))], "links": []}
     swap_loaders.swap(doc)
-    assert doc["nodes"][0]["properties"]["ver"] == swap_loaders.pack_version()
+    assert doc["nodes"][0]["properties"]["ver"] == swap_loaders.VERSION
 
 
 def test_the_tool_needs_only_the_standard_library():
@@ -283,3 +331,211 @@ def test_layout_of_the_input_is_kept(tmp_path):
         assert swap_loaders.main([str(source), "-o", str(tmp_path / "s.json")]) == 0
         assert swap_loaders.main([str(tmp_path / "s.json"), "--reverse", "-o", str(tmp_path / "r.json")]) == 0
         assert (tmp_path / "r.json").read_text(encoding="utf-8") == text, name
+
+
+# ---- Apply nodes after other loaders ----
+
+@pytest.mark.parametrize("build,expected", [
+    (music3_gguf, {"MiniMaxHotfixApplyCLIP": "CLIPLoaderGGUF"}),
+    (music3_checkpoint, {"MiniMaxHotfixApplyModel": "CheckpointLoaderSimple",
+                         "MiniMaxHotfixApplyCLIP": "CheckpointLoaderSimple",
+                         "MiniMaxHotfixApplyVAE": "CheckpointLoaderSimple"}),
+], ids=["CLIPLoaderGGUF", "CheckpointLoaderSimple"])
+def test_other_loaders_get_the_apply_node_with_every_consumer_rewired(build, expected):
+    original = build()
+    swapped = copy.deepcopy(original)
+    changes = swap_loaders.swap(swapped)
+    assert {apply["type"]: source["type"] for apply, source in changes.inserted} == expected
+    assert_rewired(original, swapped)
+    assert swapped["last_node_id"] == original["last_node_id"] + len(expected)
+    assert swapped["last_link_id"] == original["last_link_id"] + len(expected)
+    for apply, _ in changes.inserted:
+        assert apply["properties"]["cnr_id"] == "minimax-hotfix" and apply["properties"]["ver"] == swap_loaders.VERSION
+    assert not swap_loaders.swap(copy.deepcopy(swapped)), "a second swap changes nothing"
+    reverse = swap_loaders.swap(swapped, reverse=True)
+    assert len(reverse.removed) == len(expected) and not reverse.left
+    assert json.dumps(swapped) == json.dumps(original)
+
+
+def _subgraph_workflow():
+    """A GGUF loader inside a subgraph whose CLIP leaves through the subgraph's output and feeds an inner node."""
+    inner = {"id": "sub-1", "state": {"lastNodeId": 5, "lastLinkId": 4}, "nodes": [
+        {"id": 3, "type": "CLIPLoaderGGUF", "pos": [0, 0], "size": [300, 80], "inputs": [],
+         "outputs": [{"name": "CLIP", "type": "CLIP", "links": [2, 3]}], "widgets_values": ["t.gguf", "minimax"]},
+        {"id": 4, "type": "MiniMaxMusic3TextEncode", "inputs": [{"name": "clip", "type": "CLIP", "link": 3}],
+         "outputs": []}],
+        "links": [{"id": 2, "origin_id": 3, "origin_slot": 0, "target_id": -20, "target_slot": 0, "type": "CLIP"},
+                  {"id": 3, "origin_id": 3, "origin_slot": 0, "target_id": 4, "target_slot": 0, "type": "CLIP"}],
+        "outputs": [{"name": "CLIP", "type": "CLIP", "linkIds": [2]}]}
+    return {"last_node_id": 5, "last_link_id": 4, "nodes": [
+        {"id": 1, "type": "sub-1", "inputs": [], "outputs": [{"name": "CLIP", "type": "CLIP", "links": [1]}]},
+        {"id": 5, "type": "CLIPTextEncode", "inputs": [{"name": "clip", "type": "CLIP", "link": 1}], "outputs": []}],
+        "links": [[1, 1, 0, 5, 0, "CLIP"]], "definitions": {"subgraphs": [inner]}, "version": 0.4}
+
+
+def test_inside_a_subgraph_the_apply_node_feeds_the_subgraph_output_too():
+    original = _subgraph_workflow()
+    doc = copy.deepcopy(original)
+    changes = swap_loaders.swap(doc)
+    ((apply, source),) = changes.inserted
+    assert source["id"] == 3 and apply["id"] == 6, "ids are unique across the root graph and its subgraphs"
+    assert_rewired(original, doc)
+    inner = doc["definitions"]["subgraphs"][0]
+    assert inner["links"][-1] == {"id": 5, "origin_id": 3, "origin_slot": 0, "target_id": 6, "target_slot": 0,
+                                  "type": "CLIP"}
+    assert inner["state"] == {"lastNodeId": 6, "lastLinkId": 5} and doc["last_node_id"] == 6
+    assert doc["nodes"][0]["type"] == "sub-1", "the subgraph node itself gets no Apply node"
+    swap_loaders.swap(doc, reverse=True)
+    assert json.dumps(doc) == json.dumps(original)
+
+
+def test_an_output_already_going_through_the_apply_node_is_left_alone():
+    workflow = json.loads((TOOL.parents[1] / "workflows" / "minimax_music3_gguf_text_encoder.json").read_text())
+    assert not swap_loaders.swap(copy.deepcopy(workflow)).inserted
+
+
+def test_reverse_of_a_workflow_the_tool_did_not_write_names_the_pack_nodes_it_keeps(tmp_path):
+    source = tmp_path / "gguf.json"
+    shutil.copy(TOOL.parents[1] / "workflows" / "minimax_music3_gguf_text_encoder.json", source)
+    result = _run(source, "--reverse")
+    assert result.returncode == 0
+    assert ("kept, not inserted by this tool: node 3 (MiniMaxHotfixApplyCLIP), node 5 (MiniMaxHotfixStatus)"
+            in result.stderr)
+
+
+def test_api_format_loaders_get_the_apply_node_and_unknown_loaders_a_warning():
+    api = {
+        "1": {"inputs": {"ckpt_name": "all.safetensors"}, "class_type": "CheckpointLoaderSimple"},
+        "2": {"inputs": {"clip_name": "t.gguf", "type": "minimax"}, "class_type": "CLIPLoaderGGUF"},
+        "3": {"inputs": {"clip": ["2", 0], "text": "x"}, "class_type": "CLIPTextEncode"},
+        "4": {"inputs": {"model": ["1", 0], "positive": ["3", 0], "vae": ["1", 2]}, "class_type": "Sampler"},
+        "5": {"inputs": {"name": "x"}, "class_type": "SomeThirdPartyLoader"},
+        "6": {"inputs": {"model": ["5", 0]}, "class_type": "ModelSamplingSD3"},
+        "7": {"inputs": {"model": ["6", 0]}, "class_type": "KSampler"},
+    }
+    original = copy.deepcopy(api)
+    changes = swap_loaders.swap(api)
+    assert [(apply["id"], apply["class_type"], source["id"]) for apply, source in changes.inserted] == [
+        ("8", "MiniMaxHotfixApplyModel", "1"), ("9", "MiniMaxHotfixApplyVAE", "1"), ("10", "MiniMaxHotfixApplyCLIP", "2")]
+    assert api["4"]["inputs"] == {"model": ["8", 0], "positive": ["3", 0], "vae": ["9", 0]}
+    assert api["3"]["inputs"]["clip"] == ["10", 0] and api["10"]["inputs"] == {"clip": ["2", 0]}
+    assert changes.warnings == [
+        "node 5 (SomeThirdPartyLoader) feeds model but its output types are unknown in API format: if it loads a "
+        "model, run the tool on the UI-format workflow or put the matching MiniMaxHotfixApply node after it by hand"]
+    assert api["6"]["inputs"] == {"model": ["5", 0]}, "ModelSamplingSD3 passes a model on: no warning, no change"
+    swap_loaders.swap(api, reverse=True)
+    assert json.dumps(api) == json.dumps(original)
+
+
+def test_rules_module_is_the_committed_web_swap_rules_js():
+    committed = (TOOL.parents[1] / "web" / "swap_rules.js").read_text(encoding="utf-8")
+    assert committed == swap_loaders.rules_module(), "regenerate: python tools/swap_loaders.py --print-rules > web/swap_rules.js"
+    assert _run("--print-rules").stdout == committed
+
+
+# ---- safe writes and the command line ----
+
+def test_check_reports_and_writes_nothing(tmp_path):
+    source = _workflow_file(tmp_path)
+    result = _run("--check", source)
+    assert result.returncode == 1
+    assert result.stderr == f"swap_loaders: {source}: would change: 1 x VAELoader -> MiniMaxHotfixVAELoader\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["flow.json"]
+    _run(source, "--in-place")
+    assert _run("--check", source).returncode == 0
+
+
+def test_several_files_in_one_run_and_one_bad_file_does_not_stop_the_others(tmp_path):
+    first, second = _workflow_file(tmp_path, "a.json"), _workflow_file(tmp_path, "b.json")
+    bad = tmp_path / "c.json"
+    bad.write_text("{")
+    result = _run(first, bad, second, "--in-place")
+    assert result.returncode == 1
+    assert [json.loads(p.read_text())["nodes"][0]["type"] for p in (first, second)] == ["MiniMaxHotfixVAELoader"] * 2
+    assert all(line.startswith("swap_loaders: ") for line in result.stderr.splitlines())
+
+
+def test_version():
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout == f"swap_loaders {swap_loaders.VERSION} (MiniMax Hotfix)\n"
+
+
+def test_in_place_writes_through_a_symlink_to_its_target(tmp_path):
+    target = _workflow_file(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert _run(link, "--in-place").returncode == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["nodes"][0]["type"] == "MiniMaxHotfixVAELoader"
+
+
+def test_in_place_keeps_mode_and_owner(tmp_path):
+    target = _workflow_file(tmp_path)
+    os.chmod(target, 0o640)
+    owner = (target.stat().st_uid, target.stat().st_gid)
+    if os.getuid() == 0:
+        owner = (1234, 5678)  # as root, a user's file: it must stay theirs
+        os.chown(target, *owner)
+    assert _run(target, "--in-place").returncode == 0
+    after = target.stat()
+    assert stat.S_IMODE(after.st_mode) == 0o640 and (after.st_uid, after.st_gid) == owner
+
+
+def test_in_place_refuses_a_read_only_file_without_force(tmp_path):
+    target = _workflow_file(tmp_path)
+    os.chmod(target, 0o444)
+    before = target.read_bytes()
+    result = _run(target, "--in-place")
+    assert result.returncode == 1
+    assert result.stderr == f"swap_loaders: error: {target}: the file is read-only; pass --force to replace it anyway\n"
+    assert target.read_bytes() == before
+    assert _run(target, "--in-place", "--force").returncode == 0
+    assert stat.S_IMODE(target.stat().st_mode) == 0o444 and target.read_bytes() != before
+
+
+def test_nothing_to_change_writes_nothing(tmp_path):
+    target = _workflow_file(tmp_path)
+    _run(target, "--in-place")
+    before = target.read_bytes(), target.stat().st_mtime_ns, target.stat().st_ino
+    result = _run(target, "--in-place")
+    assert result.returncode == 0 and result.stderr == f"swap_loaders: {target}: nothing to change; wrote nothing\n"
+    assert (target.read_bytes(), target.stat().st_mtime_ns, target.stat().st_ino) == before
+
+
+def test_write_errors_name_the_file_the_user_gave(tmp_path):
+    source = _workflow_file(tmp_path)
+    result = _run(source, "-o", tmp_path / "no" / "out.json")
+    assert result.returncode == 1
+    assert result.stderr == (f"swap_loaders: error: {tmp_path / 'no' / 'out.json'}: cannot write: folder "
+                             f"{tmp_path / 'no'} does not exist\n")
+    assert ".tmp" not in result.stderr
+
+
+def test_usage_errors_have_the_same_prefix(tmp_path):
+    result = _run()
+    assert result.returncode == 2 and "swap_loaders: error: no FILE given" in result.stderr
+    result = _run(_workflow_file(tmp_path, "a.json"), _workflow_file(tmp_path, "b.json"), "-o", "x.json")
+    assert result.returncode == 2 and "swap_loaders: error: -o/--output takes one FILE" in result.stderr
+
+
+def test_a_copy_of_the_tool_alone_works_on_ui_format(tmp_path):
+    alone = tmp_path / "elsewhere" / "swap_loaders.py"
+    alone.parent.mkdir()
+    shutil.copy(TOOL, alone)
+    source = _workflow_file(tmp_path)
+    result = subprocess.run([sys.executable, "-I", str(alone), str(source), "-o", "-"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["nodes"][0]["properties"]["ver"] == swap_loaders.VERSION
+
+
+def test_only_one_node_is_swapped_when_asked():
+    workflow = music3_checkpoint()
+    loader = next(node for node in workflow["nodes"] if node["type"] == "CheckpointLoaderSimple")
+    vae = {"id": 99, "type": "VAELoader", "properties": _core("VAELoader"), "outputs": []}
+    workflow["nodes"].append(vae)
+    changes = swap_loaders.swap(workflow, only={"graph": None, "node": 99})
+    assert changes.swapped == [vae] and not changes.inserted
+    changes = swap_loaders.swap(workflow, only={"graph": None, "node": loader["id"]})
+    assert len(changes.inserted) == 3 and not changes.swapped
+    with pytest.raises(swap_loaders.WorkflowError, match="no node 5 in graph sub"):
+        swap_loaders.swap(workflow, only={"graph": "sub", "node": 5})

@@ -247,7 +247,7 @@ def partially_loaded(vae, with_fix):
     decoder = tiny_decoder(vae)
     patcher = ModelPatcher(decoder, load_device=torch.device("meta"), offload_device=torch.device("cpu"))
     if with_fix:
-        FIX.attach(patcher, patches.key_for(FIX))
+        patches.attach_fixes(patcher, "vae")  # as the pack's VAE loader does: honours MINIMAX_HOTFIX_DISABLE
     patcher.patch_model(device_to=torch.device("meta"),
                         lowvram_model_memory=comfy.model_management.module_size(decoder) // 2)
     assert decoder.model_lowvram and {p.device.type for p in decoder.parameters()} == {"meta", "cpu"}
@@ -256,9 +256,8 @@ def partially_loaded(vae, with_fix):
 
 
 def test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it(vae):
-    patches.forget_detection()
-    if patches.status(FIX).state != State.APPLIED:
-        pytest.skip(f"this ComfyUI's VAE is {patches.status(FIX).state.value}: the bug does not reproduce")
+    if FIX.detect().state != State.APPLIED:
+        pytest.skip(f"this ComfyUI's VAE is {FIX.detect().state.value}: the bug does not reproduce")
     latent = torch.randn(1, 4, 2, 2, 2, device="meta")
     # grad on: the functional rms_rope (the in-place one trips kitchen's overlap check on data-less meta tensors)
     with torch.enable_grad(), real_kitchen_routing() as chosen:
@@ -279,6 +278,17 @@ def test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it(vae)
     assert first == len(buffers) and later == [0, 0, 0]  # each buffer copied once, on the first decode
     assert chosen[1:] == ["eager"] * (2 * 4)  # meta fails the CUDA constraints either way; the fix makes eager run
     assert not decoder._forward_pre_hooks and not decoder._forward_hooks  # ejected
+
+
+def test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it(vae):
+    if FIX.detect().state != State.FIXED_UPSTREAM:
+        pytest.skip(f"this ComfyUI's VAE is {FIX.detect().state.value}")
+    latent = torch.randn(1, 4, 2, 2, 2, device="meta")
+    with torch.enable_grad(), real_kitchen_routing():
+        decoder, patcher = partially_loaded(vae, with_fix=False)
+        out = decoder(latent)
+        patcher.eject_model()
+    assert out.device.type == "meta"
 
 
 def test_fully_resident_decode_is_bitwise_unchanged(vae):

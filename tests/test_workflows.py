@@ -5,7 +5,8 @@ tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for 
 (interfaces only). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
 compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists and serves the workflows at
 /workflow_templates, and each workflow, converted to API format, passes /prompt validation except for the model
-files that the test ComfyUI does not have.
+files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined here
+(same inputs, validation only), so the GGUF workflow is validated without that pack.
 """
 
 from __future__ import annotations
@@ -14,12 +15,7 @@ import copy
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,9 +25,11 @@ WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
+from live_comfyui import STAND_INS, comfyui_server, http  # noqa: E402
+from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
 
 FRONTEND_ONLY = {"MarkdownNote", "Note"}  # drawn by the frontend, never sent to the server
-MODEL_FILE_INPUTS = {"unet_name", "clip_name", "vae_name"}
+MODEL_FILE_INPUTS = {"unet_name", "clip_name", "vae_name", "ckpt_name"}
 FOLDER_LISTED_INPUTS = MODEL_FILE_INPUTS | {"image"}  # options depend on the files of the ComfyUI at hand
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"
@@ -265,58 +263,12 @@ def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
 
 # ---- with a live ComfyUI (COMFYUI_PATH) ----
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _http(url: str, body: dict | None = None):
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 @pytest.fixture(scope="module")
 def comfy_server(comfyui, tmp_path_factory):
-    """A ComfyUI server on a free port: this pack plus the checkout's own custom nodes, empty model folders."""
-    base = tmp_path_factory.mktemp("comfy_base")
-    custom_nodes = base / "custom_nodes"
-    custom_nodes.mkdir()
-    (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
-    for entry in (Path(comfyui) / "custom_nodes").iterdir():
-        if entry.resolve() != PACK_ROOT and (entry.is_dir() or entry.suffix == ".py"):
-            (custom_nodes / entry.name).symlink_to(entry.resolve())
-    port = _free_port()
-    log = (base / "comfyui.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
-         "--base-directory", str(base), "--input-directory", str(Path(comfyui) / "input")],
-        cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if _http(url + "/system_stats")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("ComfyUI did not start:\n" + (base / "comfyui.log").read_text()[-4000:])
-            time.sleep(1)
-        object_info = json.loads(_http(url + "/object_info")[1])
-        assert "MiniMaxHotfixVAELoader" in object_info, (
-            "the pack did not load:\n" + (base / "comfyui.log").read_text()[-4000:])
-        yield url, object_info
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+    """A ComfyUI server on a free port: this pack, the checkout's own custom nodes and stand-ins for ComfyUI-GGUF,
+    empty model folders."""
+    with comfyui_server(comfyui, tmp_path_factory.mktemp("comfy_base")) as server:
+        yield server
 
 
 def _comparable(spec: dict) -> dict:
@@ -344,7 +296,7 @@ def test_snapshot_matches_live_comfyui(comfy_server):
                              else snapshot["nodes"][name] for name in used}
         SPECS_FILE.write_text(json.dumps(snapshot, indent=1) + "\n", encoding="utf-8")
     assert sorted(snapshot["nodes"]) == used
-    live = [name for name in used if name in object_info]
+    live = [name for name in used if name in object_info and name not in STAND_INS]
     stale = [name for name in live
              if _comparable(_snapshot_entry(object_info[name])) != _comparable(snapshot["nodes"][name])]
     assert not stale, f"{SPECS_FILE.name} differs from this ComfyUI for {stale}; MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it"
@@ -352,29 +304,39 @@ def test_snapshot_matches_live_comfyui(comfy_server):
 
 def test_comfyui_lists_and_serves_the_workflows(comfy_server):
     url, _ = comfy_server
-    status, body = _http(url + "/workflow_templates")
+    status, body = http(url + "/workflow_templates")
     assert status == 200
     assert sorted(json.loads(body)["minimax-hotfix"]) == [path.stem for path in WORKFLOWS]
     for path in WORKFLOWS:
-        status, served = _http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
+        status, served = http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
         assert status == 200 and served == path.read_bytes(), path.name
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
-def test_prompt_validation_fails_only_for_missing_model_files(path, comfy_server):
-    url, object_info = comfy_server
-    workflow = load(path)
+def assert_only_model_files_missing(url: str, object_info: dict, workflow: dict) -> None:
     absent = {node["type"] for node in workflow["nodes"]} - set(object_info) - FRONTEND_ONLY
-    if absent - {"CLIPLoaderGGUF"}:
-        pytest.fail(f"node types missing from ComfyUI: {sorted(absent)}")
-    if absent:
-        pytest.skip("ComfyUI-GGUF is not installed in this ComfyUI (custom_nodes/ComfyUI-GGUF)")
+    assert not absent, f"node types missing from ComfyUI: {sorted(absent)}"
     prompt = check_workflow(workflow, object_info)
     problems, missing_files = prompt_errors(url, prompt)
     assert not problems
     model_inputs = {(node_id, name) for node_id, node in prompt.items() for name in node["inputs"]
                     if name in MODEL_FILE_INPUTS}
     assert missing_files == model_inputs, "every model file input, and nothing else, is reported missing"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_prompt_validation_fails_only_for_missing_model_files(path, comfy_server):
+    url, object_info = comfy_server
+    assert_only_model_files_missing(url, object_info, load(path))
+
+
+@pytest.mark.parametrize("build", [music3_gguf, music3_checkpoint], ids=["CLIPLoaderGGUF", "CheckpointLoaderSimple"])
+def test_swapped_user_workflows_pass_prompt_validation(build, comfy_server):
+    url, object_info = comfy_server
+    workflow = build()
+    assert_only_model_files_missing(url, object_info, workflow)  # as the user had it
+    changes = swap_loaders.swap(workflow)
+    assert changes.inserted
+    assert_only_model_files_missing(url, object_info, workflow)
 
 
 def test_prompt_check_reports_a_wrong_widget_value(comfy_server):
@@ -389,7 +351,7 @@ def test_prompt_check_reports_a_wrong_widget_value(comfy_server):
 
 def prompt_errors(url: str, prompt: dict):
     """POSTs the prompt; returns (errors other than a missing model file, {(node id, input) of missing files})."""
-    status, body = _http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
+    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
     reply = json.loads(body)
     problems, missing_files = [], set()
     for node_id, node_errors in reply.get("node_errors", {}).items():
@@ -402,3 +364,10 @@ def prompt_errors(url: str, prompt: dict):
     if status != 200 and reply.get("error", {}).get("type") != "prompt_outputs_failed_validation":
         problems.append((None, None, reply.get("error")))
     return problems, missing_files
+
+
+def test_the_swap_tools_api_loader_table_matches_comfyui(comfy_server):
+    _, object_info = comfy_server
+    core = {name: outputs for name, outputs in swap_loaders.API_LOADER_OUTPUTS.items() if "GGUF" not in name}
+    assert {name: object_info[name]["output"] for name in core} == core
+    assert object_info["CLIPLoaderGGUF"]["output"] == swap_loaders.API_LOADER_OUTPUTS["CLIPLoaderGGUF"]

@@ -1,19 +1,26 @@
-"""Move a ComfyUI workflow from the stock model loaders to MiniMax Hotfix's loaders, or back with --reverse.
+"""Move ComfyUI workflows onto MiniMax Hotfix's loaders, or back with --reverse.
 
-    python custom_nodes/minimax-hotfix/tools/swap_loaders.py in.json [-o out.json | --in-place] [--reverse]
+    python custom_nodes/minimax-hotfix/tools/swap_loaders.py FILE... [-o OUT | --in-place [--force]] [--reverse] [--check]
 
-Reads a workflow in ComfyUI's UI format (nested subgraphs in ``definitions.subgraphs`` and legacy group nodes
-included) or in API format, and turns every stock ``VAELoader``, ``CLIPLoader`` and ``UNETLoader`` into the pack's
-loader of the same interface. Only the node type and the node's pack attribution change (``properties``:
-``cnr_id``, ``ver``, ``Node name for S&R``); ids, links, positions, widget values, ``properties.models`` and
-everything else stay as they were. ``--reverse`` turns every pack loader back into the stock one.
+Reads workflows in ComfyUI's UI format (nested subgraphs in ``definitions.subgraphs`` and legacy group nodes
+included) or in API format:
 
-Swap then reverse gives back the original document exactly. Reverse recomputes a stock loader's attribution as
-ComfyUI's frontend writes it (``comfy-core``, the ComfyUI version the workflow's other core nodes carry, the type as
-search-and-replace name); where the original differed from that, the swap keeps the original attribution under the
-properties key ``minimax_hotfix_original`` for the reverse to restore.
+* every stock ``VAELoader``, ``CLIPLoader`` and ``UNETLoader`` becomes the pack's loader of the same interface, in
+  place: only the node type and the node's pack attribution (``properties``: ``cnr_id``, ``ver``,
+  ``Node name for S&R``) change;
+* every other node that produces a ``MODEL``, ``CLIP`` or ``VAE`` from nothing of that type (GGUF loaders,
+  ``CheckpointLoaderSimple``, third-party loaders) gets the matching ``MiniMaxHotfixApply*`` node inserted after it,
+  and every consumer of that output takes it from the Apply node. The inserted node carries the properties key
+  ``minimax_hotfix_inserted`` (API format: in ``_meta``) so the reverse can find it. API format has no output
+  types: the nodes of ``API_LOADER_OUTPUTS`` are handled, other nodes that feed a ``model``/``clip``/``vae`` input
+  are named in a warning.
 
-Standard library only: it runs with any Python 3.10+, no ComfyUI needed.
+``--reverse`` turns the pack's loaders back into stock ones and removes what the swap inserted; swap then reverse
+gives back the original document exactly. Pack nodes the swap did not insert (an Apply or Status node placed by
+hand) are kept and named.
+
+Standard library only, one file: it runs with any Python 3.10+, copied anywhere, no ComfyUI needed.
+``--print-rules`` writes ``web/swap_rules.js``, the rules the pack's frontend extension uses.
 """
 
 from __future__ import annotations
@@ -24,38 +31,103 @@ import copy
 import json
 import os
 import re
+import stat
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
-STOCK_TO_PACK = {
-    "VAELoader": "MiniMaxHotfixVAELoader",
-    "CLIPLoader": "MiniMaxHotfixCLIPLoader",
-    "UNETLoader": "MiniMaxHotfixUNETLoader",
+VERSION = "0.1.0"  # the pack version this file belongs to (pyproject.toml); a test keeps the two equal
+PROG = "swap_loaders"
+
+# The one definition of the swap, shared with the frontend extension through web/swap_rules.js (--print-rules).
+RULES = {
+    "stock_to_pack": {
+        "VAELoader": "MiniMaxHotfixVAELoader",
+        "CLIPLoader": "MiniMaxHotfixCLIPLoader",
+        "UNETLoader": "MiniMaxHotfixUNETLoader",
+    },
+    "apply_node": {  # output type -> (Apply node type, its input name)
+        "MODEL": ["MiniMaxHotfixApplyModel", "model"],
+        "CLIP": ["MiniMaxHotfixApplyCLIP", "clip"],
+        "VAE": ["MiniMaxHotfixApplyVAE", "vae"],
+    },
+    "pack_node_prefix": "MiniMaxHotfix",
+    "pack_cnr_id": "minimax-hotfix",
+    "core_cnr_id": "comfy-core",
+    "pack_version": VERSION,
+    "attribution_keys": ["cnr_id", "ver", "Node name for S&R"],
+    "original_key": "minimax_hotfix_original",
+    "inserted_key": "minimax_hotfix_inserted",
+    # Frontend-only nodes that pass a connection on; an output behind them is not a new model.
+    "pass_through_types": ["Reroute", "PrimitiveNode", "GetNode", "SetNode"],
+    "apply_node_size": [270, 26],
+    "apply_node_gap": 30,
 }
+STOCK_TO_PACK = RULES["stock_to_pack"]
 PACK_TO_STOCK = {pack: stock for stock, pack in STOCK_TO_PACK.items()}
-PACK_CNR_ID = "minimax-hotfix"
-CORE_CNR_ID = "comfy-core"
-ATTRIBUTION_KEYS = ("cnr_id", "ver", "Node name for S&R")
-ORIGINAL_KEY = "minimax_hotfix_original"
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+APPLY_NODE = {io_type: tuple(entry) for io_type, entry in RULES["apply_node"].items()}
+APPLY_TYPES = {node_type for node_type, _ in APPLY_NODE.values()}
+PACK_CNR_ID = RULES["pack_cnr_id"]
+CORE_CNR_ID = RULES["core_cnr_id"]
+ATTRIBUTION_KEYS = tuple(RULES["attribution_keys"])
+ORIGINAL_KEY = RULES["original_key"]
+INSERTED_KEY = RULES["inserted_key"]
+
+# API format carries no output types: the outputs of the loaders known to produce MODEL, CLIP or VAE.
+API_LOADER_OUTPUTS = {
+    "CheckpointLoaderSimple": ["MODEL", "CLIP", "VAE"],
+    "CheckpointLoader": ["MODEL", "CLIP", "VAE"],
+    "DiffusersLoader": ["MODEL", "CLIP", "VAE"],
+    "unCLIPCheckpointLoader": ["MODEL", "CLIP", "VAE", "CLIP_VISION"],
+    "ImageOnlyCheckpointLoader": ["MODEL", "CLIP_VISION", "VAE"],
+    "DualCLIPLoader": ["CLIP"],
+    "TripleCLIPLoader": ["CLIP"],
+    "QuadrupleCLIPLoader": ["CLIP"],
+    # ComfyUI-GGUF
+    "UnetLoaderGGUF": ["MODEL"],
+    "UnetLoaderGGUFAdvanced": ["MODEL"],
+    "CLIPLoaderGGUF": ["CLIP"],
+    "DualCLIPLoaderGGUF": ["CLIP"],
+    "TripleCLIPLoaderGGUF": ["CLIP"],
+    "QuadrupleCLIPLoaderGGUF": ["CLIP"],
+}
 
 
 class WorkflowError(Exception):
-    """A document this tool cannot work on; the message says why."""
+    """A document or file this tool cannot work on; the message says why."""
 
 
-def pack_version(pyproject: Path = PYPROJECT) -> str:
-    """The ``version`` of the pack's ``[project]`` table (a regex, so it works without tomllib on Python 3.10)."""
-    try:
-        text = pyproject.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkflowError(f"{pyproject}: cannot read the pack version: {exc.strerror}") from exc
-    table = re.search(r"^\[project\][^\S\n]*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
-    version = table and re.search(r'^version\s*=\s*"([^"]+)"', table.group(1), re.M)
-    if not version:
-        raise WorkflowError(f"{pyproject}: no version in its [project] table")
-    return version.group(1)
+@dataclass
+class Changes:
+    """What one swap or reverse did to a document."""
+
+    swapped: list = field(default_factory=list)  # loaders whose type changed, as they are now
+    inserted: list = field(default_factory=list)  # (Apply node, the node it follows)
+    removed: list = field(default_factory=list)  # (Apply node removed, the node it followed)
+    left: list = field(default_factory=list)  # pack nodes the reverse keeps: not inserted by this tool
+    warnings: list = field(default_factory=list)
+
+    def __bool__(self):
+        return bool(self.swapped or self.inserted or self.removed)
+
+    def summary(self, reverse: bool) -> str:
+        parts = []
+        counts = collections.Counter(_node_type(node) for node in self.swapped)
+        before = STOCK_TO_PACK if reverse else PACK_TO_STOCK
+        parts += [f"{count} x {before[name]} -> {name}" for name, count in sorted(counts.items())]
+        for verb, pairs in (("inserted", self.inserted), ("removed", self.removed)):
+            parts += [f"{verb} {_node_type(apply)} after {_node_type(after)} (node {_node_id(after)})"
+                      for apply, after in pairs]
+        return ", ".join(parts) or "nothing to change"
+
+
+def _node_type(node: dict) -> str:
+    return node.get("type") or node.get("class_type")
+
+
+def _node_id(node: dict):
+    return node.get("id", node.get("_id"))
 
 
 def workflow_format(doc) -> str:
@@ -81,16 +153,22 @@ def _graphs(graph: dict):
             yield from _graphs(subgraph)
 
 
+def _group_nodes(doc: dict) -> list[dict]:
+    extra = doc.get("extra")
+    group_nodes = extra.get("groupNodes") if isinstance(extra, dict) else None
+    found = []
+    for group in group_nodes.values() if isinstance(group_nodes, dict) else []:
+        if isinstance(group, dict):
+            found += group.get("nodes") or []
+    return found
+
+
 def ui_nodes(doc: dict) -> list[dict]:
     """Every node of a UI-format workflow: top level, subgraphs, and legacy group nodes (``extra.groupNodes``)."""
     found = []
     for graph in _graphs(doc):
         found += graph.get("nodes") or []
-    extra = doc.get("extra")
-    group_nodes = extra.get("groupNodes") if isinstance(extra, dict) else None
-    for group in group_nodes.values() if isinstance(group_nodes, dict) else []:
-        if isinstance(group, dict):
-            found += group.get("nodes") or []
+    found += _group_nodes(doc)
     for node in found:
         if not isinstance(node, dict) or not isinstance(node.get("type"), str):
             raise WorkflowError(f"malformed UI workflow: a node without a \"type\" string: {str(node)[:80]}")
@@ -98,6 +176,8 @@ def ui_nodes(doc: dict) -> list[dict]:
             raise WorkflowError(f"malformed UI workflow: node {node.get('id')} has \"properties\" that is not an object")
     return found
 
+
+# ---- stock loaders, in place ----
 
 def _core_version(nodes: list[dict]):
     """The ComfyUI version most of the workflow's core nodes carry (None when none carries one)."""
@@ -123,7 +203,7 @@ def _attribute(node: dict, node_type: str, cnr_id: str, ver) -> None:
     properties["Node name for S&R"] = node_type
 
 
-def _reverse_ui_node(node: dict, core_ver) -> None:
+def _reverse_ui_loader(node: dict, core_ver) -> None:
     stock = PACK_TO_STOCK[node["type"]]
     properties = node.get("properties")
     if not isinstance(properties, dict) or ORIGINAL_KEY not in properties:
@@ -140,11 +220,10 @@ def _reverse_ui_node(node: dict, core_ver) -> None:
         del node["properties"]
 
 
-def _swap_ui(doc: dict, version: str) -> list[dict]:
-    nodes = ui_nodes(doc)
+def _swap_ui_loaders(nodes: list[dict], version: str, chosen) -> list[dict]:
     swapped = []
     for node in nodes:
-        if node["type"] not in STOCK_TO_PACK:
+        if node["type"] not in STOCK_TO_PACK or not chosen(node):
             continue
         before = copy.deepcopy(node)
         properties = node.get("properties")
@@ -157,30 +236,345 @@ def _swap_ui(doc: dict, version: str) -> list[dict]:
     for node, before in swapped:
         trial = copy.deepcopy(node)
         del trial["properties"][ORIGINAL_KEY]
-        _reverse_ui_node(trial, core_ver)
+        _reverse_ui_loader(trial, core_ver)
         if json.dumps(trial) == json.dumps(before):
             del node["properties"][ORIGINAL_KEY]
     return [node for node, _ in swapped]
 
 
-def swap(doc, reverse: bool = False, version: str | None = None) -> list[dict]:
-    """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns the nodes it changed."""
-    kind = workflow_format(doc)
-    if kind == "api":
-        mapping = PACK_TO_STOCK if reverse else STOCK_TO_PACK
-        changed = [node for node in doc.values() if node["class_type"] in mapping]
-        for node in changed:
-            node["class_type"] = mapping[node["class_type"]]
-        return changed
-    if reverse:
-        nodes = ui_nodes(doc)
-        core_ver = _core_version(nodes)
-        changed = [node for node in nodes if node["type"] in PACK_TO_STOCK]
-        for node in changed:
-            _reverse_ui_node(node, core_ver)
-        return changed
-    return _swap_ui(doc, version or pack_version())
+# ---- UI format: links, ids, inserted Apply nodes ----
 
+class _Links:
+    """One graph's links, whichever form they take: arrays at the top level of schema 0.4
+    ``[id, origin_id, origin_slot, target_id, target_slot, type]``, objects in subgraphs and schema 1."""
+
+    FIELDS = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
+
+    def __init__(self, graph: dict, root: bool):
+        self.items = graph.setdefault("links", [])
+        self.objects = any(isinstance(link, dict) for link in self.items) or (not self.items and not root)
+
+    def get(self, link, key):
+        return link[key] if isinstance(link, dict) else link[self.FIELDS.index(key)]
+
+    def set(self, link, key, value):
+        if isinstance(link, dict):
+            link[key] = value
+        else:
+            link[self.FIELDS.index(key)] = value
+
+    def by_id(self) -> dict:
+        return {self.get(link, "id"): link for link in self.items}
+
+    def add(self, link_id, origin_id, origin_slot, target_id, target_slot, link_type):
+        values = (link_id, origin_id, origin_slot, target_id, target_slot, link_type)
+        self.items.append(dict(zip(self.FIELDS, values)) if self.objects else list(values))
+
+    def remove(self, link_id) -> None:
+        self.items[:] = [link for link in self.items if self.get(link, "id") != link_id]
+
+
+def _counters(doc: dict) -> list[tuple[dict, str, str]]:
+    """(holder, node-id key, link-id key) of every id counter: ComfyUI's frontend shares one state between the
+    root graph and its subgraphs, so node and link ids are unique across all of them."""
+    found = []
+    if "last_node_id" in doc or "last_link_id" in doc:
+        found.append((doc, "last_node_id", "last_link_id"))
+    for graph in _graphs(doc):
+        if isinstance(graph.get("state"), dict):
+            found.append((graph["state"], "lastNodeId", "lastLinkId"))
+    return found
+
+
+def _counter_values(doc: dict) -> dict:
+    """{graph id or "": [last node id, last link id]} for the counters present."""
+    values = {}
+    for graph in _graphs(doc):
+        key = "" if graph is doc else str(graph.get("id"))
+        if graph is doc and ("last_node_id" in doc or "last_link_id" in doc):
+            values["root"] = [doc.get("last_node_id"), doc.get("last_link_id")]
+        if isinstance(graph.get("state"), dict):
+            values[key or "state"] = [graph["state"].get("lastNodeId"), graph["state"].get("lastLinkId")]
+    return values
+
+
+def _set_counter_values(doc: dict, values: dict) -> None:
+    for graph in _graphs(doc):
+        key = "" if graph is doc else str(graph.get("id"))
+        if graph is doc and "root" in values:
+            for name, value in zip(("last_node_id", "last_link_id"), values["root"]):
+                if name in doc:
+                    doc[name] = value
+        if isinstance(graph.get("state"), dict) and (key or "state") in values:
+            for name, value in zip(("lastNodeId", "lastLinkId"), values[key or "state"]):
+                if name in graph["state"]:
+                    graph["state"][name] = value
+
+
+def _numeric(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class _Ids:
+    """Allocates node and link ids above every id and counter of the document."""
+
+    def __init__(self, doc: dict):
+        self.doc = doc
+        self.node = max([0] + [_numeric(node.get("id")) for graph in _graphs(doc) for node in graph.get("nodes", [])]
+                        + [_numeric(holder.get(key)) for holder, key, _ in _counters(doc)])
+        self.link = max([0] + [_numeric(link["id"] if isinstance(link, dict) else link[0])
+                               for graph in _graphs(doc) for link in graph.get("links") or []]
+                        + [_numeric(holder.get(key)) for holder, _, key in _counters(doc)])
+
+    def next_node(self) -> int:
+        self.node += 1
+        self._store()
+        return self.node
+
+    def next_link(self) -> int:
+        self.link += 1
+        self._store()
+        return self.link
+
+    def _store(self) -> None:
+        for holder, node_key, link_key in _counters(self.doc):
+            if node_key in holder:
+                holder[node_key] = self.node
+            if link_key in holder:
+                holder[link_key] = self.link
+
+
+def _subgraph_ids(doc: dict) -> set:
+    return {graph.get("id") for graph in _graphs(doc) if graph is not doc}
+
+
+def _model_sources(graph: dict, subgraph_ids: set):
+    """(node, output slot, io type) of each output that makes a new MODEL, CLIP or VAE: the node has no input of
+    that type (LoRA, sampling and switch nodes pass one on), is no stock or pack node, no reroute, no subgraph."""
+    for node in graph.get("nodes", []):
+        node_type = node["type"]
+        if (node_type in STOCK_TO_PACK or node_type.startswith(RULES["pack_node_prefix"])
+                or node_type in RULES["pass_through_types"] or node_type in subgraph_ids):
+            continue
+        input_types = {slot.get("type") for slot in node.get("inputs") or [] if isinstance(slot, dict)}
+        for slot, output in enumerate(node.get("outputs") or []):
+            io_type = output.get("type") if isinstance(output, dict) else None
+            if io_type in APPLY_NODE and io_type not in input_types:
+                yield node, slot, io_type
+
+
+def _insert_ui_apply_nodes(doc: dict, version: str, chosen) -> tuple[list, list]:
+    inserted, warnings = [], []
+    ids = _Ids(doc)
+    counters_before = _counter_values(doc)
+    subgraph_ids = _subgraph_ids(doc)
+    for graph in _graphs(doc):
+        links = _Links(graph, root=graph is doc)
+        nodes = {node.get("id"): node for node in graph.get("nodes", [])}
+        for source, slot, io_type in list(_model_sources(graph, subgraph_ids)):
+            if not chosen(source):
+                continue
+            apply_type, input_name = APPLY_NODE[io_type]
+            output = source["outputs"][slot]
+            by_id = links.by_id()
+            consumers = [link_id for link_id in output.get("links") or []
+                         if link_id in by_id
+                         and nodes.get(links.get(by_id[link_id], "target_id"), {}).get("type") != apply_type]
+            if not consumers:
+                continue  # unused, or every consumer already is the Apply node
+            apply_id, in_link = ids.next_node(), ids.next_link()
+            for link_id in consumers:
+                links.set(by_id[link_id], "origin_id", apply_id)
+                links.set(by_id[link_id], "origin_slot", 0)
+            kept = [link_id for link_id in output["links"] if link_id not in consumers]
+            output["links"] = kept + [in_link]
+            links.add(in_link, source["id"], slot, apply_id, 0, io_type)
+            apply = _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers,
+                                   version, counters_before)
+            graph["nodes"].append(apply)
+            nodes[apply_id] = apply
+            inserted.append((apply, source))
+    for node in _group_nodes(doc):
+        if any(t in APPLY_NODE for t in (o.get("type") for o in node.get("outputs") or [] if isinstance(o, dict))) \
+                and node["type"] not in STOCK_TO_PACK and not node["type"].startswith(RULES["pack_node_prefix"]):
+            warnings.append(f"node {node['type']} inside a group node was left as it is: convert the group node "
+                            f"to a subgraph in ComfyUI and run again, or put the Apply node after it by hand")
+    return inserted, warnings
+
+
+def _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers, version, counters):
+    pos, size = source.get("pos"), source.get("size")
+    x, y = (pos[0], pos[1]) if isinstance(pos, list) and len(pos) >= 2 else (0, 0)
+    width = size[0] if isinstance(size, list) and size else 0
+    return {
+        "id": apply_id,
+        "type": apply_type,
+        "pos": [x + width + RULES["apply_node_gap"], y + slot * 2 * RULES["apply_node_size"][1]],
+        "size": list(RULES["apply_node_size"]),
+        "flags": {},
+        "mode": 0,
+        "inputs": [{"localized_name": input_name, "name": input_name, "type": io_type, "link": in_link}],
+        "outputs": [{"localized_name": io_type, "name": io_type, "type": io_type, "links": consumers}],
+        "properties": {"cnr_id": PACK_CNR_ID, "ver": version, "Node name for S&R": apply_type,
+                       INSERTED_KEY: {"after": [source["id"], slot], "counters": counters}},
+        "widgets_values": [],
+    }
+
+
+def _remove_ui_apply_nodes(doc: dict) -> tuple[list, list]:
+    removed, warnings, markers, allocated_nodes, allocated_links = [], [], [], [], []
+    for graph in _graphs(doc):
+        links = _Links(graph, root=graph is doc)
+        nodes = {node.get("id"): node for node in graph.get("nodes", [])}
+        for apply in [node for node in graph.get("nodes", []) if INSERTED_KEY in (node.get("properties") or {})]:
+            marker = apply["properties"][INSERTED_KEY]
+            source_id, slot = marker["after"]
+            source = nodes.get(source_id)
+            in_link = (apply.get("inputs") or [{}])[0].get("link")
+            by_id = links.by_id()
+            if source is None or in_link not in by_id or in_link not in (source["outputs"][slot].get("links") or []):
+                warnings.append(f"node {apply['id']} ({apply['type']}) is no longer connected to node {source_id}: "
+                                "left as it is")
+                continue
+            consumers = apply["outputs"][0].get("links") or []
+            for link_id in consumers:
+                if link_id in by_id:
+                    links.set(by_id[link_id], "origin_id", source_id)
+                    links.set(by_id[link_id], "origin_slot", slot)
+            output_links = source["outputs"][slot]["links"]
+            at = output_links.index(in_link)
+            output_links[at:at + 1] = consumers
+            links.remove(in_link)
+            graph["nodes"].remove(apply)
+            removed.append((apply, source))
+            markers.append(marker)
+            allocated_nodes.append(apply["id"])
+            allocated_links.append(in_link)
+    if markers:
+        _restore_counters(doc, markers, max(allocated_nodes), max(allocated_links))
+    return removed, warnings
+
+
+def _restore_counters(doc: dict, markers: list, last_node: int, last_link: int) -> None:
+    """Puts back the id counters of before the swap, where nothing was added since (they still end at the ids
+    the swap allocated)."""
+    now = _counter_values(doc)
+    restored = {}
+    for key, (node_counter, link_counter) in now.items():
+        before = [marker["counters"][key] for marker in markers if key in marker.get("counters", {})]
+        if not before:
+            continue
+        restored[key] = [min(b[0] for b in before) if node_counter == last_node else node_counter,
+                         min(b[1] for b in before) if link_counter == last_link else link_counter]
+    _set_counter_values(doc, restored)
+
+
+# ---- API format ----
+
+def _api_consumers(doc: dict, node_id: str, slot=None):
+    """(consumer id, input name) of every input taking output ``slot`` (any output: None) of ``node_id``."""
+    return [(consumer_id, name) for consumer_id, node in doc.items()
+            for name, value in (node.get("inputs") or {}).items()
+            if isinstance(value, list) and len(value) == 2 and str(value[0]) == node_id
+            and (slot is None or value[1] == slot)]
+
+
+def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
+    inserted, warnings = [], []
+    model_inputs = {input_name for _, input_name in APPLY_NODE.values()}
+    for node_id, node in list(doc.items()):
+        class_type = node["class_type"]
+        if class_type in STOCK_TO_PACK or class_type.startswith(RULES["pack_node_prefix"]):
+            continue
+        outputs = API_LOADER_OUTPUTS.get(class_type)
+        if outputs is None:
+            own_inputs = {name.lower() for name in node.get("inputs") or {}}
+            fed = sorted({name for _, name in _api_consumers(doc, node_id)
+                          if name.lower() in model_inputs and name.lower() not in own_inputs})
+            if fed:
+                warnings.append(f"node {node_id} ({class_type}) feeds {', '.join(fed)} but its output types are "
+                                "unknown in API format: if it loads a model, run the tool on the UI-format workflow "
+                                "or put the matching MiniMaxHotfixApply node after it by hand")
+            continue
+        for slot, io_type in enumerate(outputs):
+            if io_type not in APPLY_NODE:
+                continue
+            apply_type, input_name = APPLY_NODE[io_type]
+            consumers = [(cid, name) for cid, name in _api_consumers(doc, node_id, slot)
+                         if doc[cid]["class_type"] != apply_type]
+            if not consumers:
+                continue
+            apply_id = str(max([0] + [int(key) for key in doc if str(key).isdigit()]) + 1)
+            for consumer_id, name in consumers:
+                doc[consumer_id]["inputs"][name] = [apply_id, 0]
+            apply = {"inputs": {input_name: [node_id, slot]}, "class_type": apply_type,
+                     "_meta": {"title": apply_type, INSERTED_KEY: {"after": [node_id, slot]}}}
+            doc[apply_id] = apply
+            inserted.append(({"id": apply_id, **apply}, {"id": node_id, **node}))
+    return inserted, warnings
+
+
+def _remove_api_apply_nodes(doc: dict) -> list:
+    removed = []
+    for apply_id, apply in list(doc.items()):
+        marker = (apply.get("_meta") or {}).get(INSERTED_KEY)
+        if not marker:
+            continue
+        source_id, slot = marker["after"]
+        for consumer_id, name in _api_consumers(doc, apply_id, 0):
+            doc[consumer_id]["inputs"][name] = [source_id, slot]
+        del doc[apply_id]
+        removed.append(({"id": apply_id, **apply}, {"id": source_id, **doc.get(source_id, {"class_type": "?"})}))
+    return removed
+
+
+# ---- the swap ----
+
+def _chosen_node(doc: dict, only: dict):
+    """The node ``only`` names: ``{"graph": subgraph id, or None for the top level, "node": node id}``."""
+    for graph in _graphs(doc):
+        if (graph is doc) == (only.get("graph") is None) and (graph is doc or graph.get("id") == only["graph"]):
+            for node in graph.get("nodes", []):
+                if node.get("id") == only.get("node"):
+                    return node
+    raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
+
+
+def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None = None) -> Changes:
+    """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns what changed. ``only``
+    (UI format, swap only) limits the swap to one node: ``{"graph": subgraph id or None, "node": node id}``."""
+    changes = Changes()
+    if workflow_format(doc) == "api":
+        if reverse:
+            changes.removed = _remove_api_apply_nodes(doc)
+            changes.swapped = [node for node in doc.values() if node["class_type"] in PACK_TO_STOCK]
+            for node in changes.swapped:
+                node["class_type"] = PACK_TO_STOCK[node["class_type"]]
+            changes.left = [{"id": key, **node} for key, node in doc.items()
+                            if node["class_type"].startswith(RULES["pack_node_prefix"])]
+        else:
+            changes.swapped = [node for node in doc.values() if node["class_type"] in STOCK_TO_PACK]
+            for node in changes.swapped:
+                node["class_type"] = STOCK_TO_PACK[node["class_type"]]
+            changes.inserted, changes.warnings = _insert_api_apply_nodes(doc)
+        return changes
+    nodes = ui_nodes(doc)
+    if reverse:
+        changes.removed, changes.warnings = _remove_ui_apply_nodes(doc)
+        core_ver = _core_version(nodes)
+        changes.swapped = [node for node in nodes if node["type"] in PACK_TO_STOCK]
+        for node in changes.swapped:
+            _reverse_ui_loader(node, core_ver)
+        changes.left = [node for node in ui_nodes(doc) if node["type"].startswith(RULES["pack_node_prefix"])]
+        return changes
+    target = _chosen_node(doc, only) if only else None
+    chosen = lambda node: target is None or node is target  # noqa: E731
+    changes.swapped = _swap_ui_loaders(nodes, version, chosen)
+    changes.inserted, changes.warnings = _insert_ui_apply_nodes(doc, version, chosen)
+    return changes
+
+
+# ---- files ----
 
 def _json_layout(text: str) -> dict:
     """json.dumps arguments that reproduce the input's layout: indentation, spacing, escaping of non-ASCII."""
@@ -219,18 +613,42 @@ def read_workflow(path: Path):
     return doc, text
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Writes a temporary file beside ``path`` and renames it over ``path``: readers see the old or the new file,
-    never a half-written one."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def write_atomically(path: Path, text: str, force: bool = False) -> None:
+    """Writes ``text`` to ``path`` through a temporary file beside the real file (a symlink is followed, not
+    replaced), renamed over it: readers see the old or the new file, never half of one. An existing file keeps its
+    mode and owner; a read-only one is refused unless ``force``. Errors name ``path``, never the temporary file."""
+    target = Path(os.path.realpath(path))
+    try:
+        existing = target.stat()
+    except FileNotFoundError:
+        existing = None
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise WorkflowError(f"{path}: cannot write: not a regular file")
+    if existing is not None and not force and (not existing.st_mode & 0o222 or not os.access(target, os.W_OK)):
+        raise WorkflowError(f"{path}: the file is read-only; pass --force to replace it anyway")
+    if not target.parent.is_dir():
+        raise WorkflowError(f"{path}: cannot write: folder {target.parent} does not exist")
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot write in {target.parent}: {exc.strerror}") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        if existing is None:
+            os.chmod(temporary, 0o666 & ~_umask())
+        else:
+            os.chmod(temporary, stat.S_IMODE(existing.st_mode))
+            if (existing.st_uid, existing.st_gid) != (os.getuid(), os.getgid()):
+                os.chown(temporary, existing.st_uid, existing.st_gid)
+        os.replace(temporary, target)
+    except OSError as exc:
+        os.unlink(temporary)
+        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
     except BaseException:
         os.unlink(temporary)
         raise
@@ -246,48 +664,85 @@ def default_output(source: Path, reverse: bool) -> Path:
     return source.with_name(f"{source.stem}.{'stock' if reverse else 'minimax-hotfix'}{source.suffix or '.json'}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="swap_loaders.py",
-        description="Swap a workflow's stock VAELoader/CLIPLoader/UNETLoader for MiniMax Hotfix's loaders "
-        "(UI format with subgraphs, or API format). The input is never overwritten unless --in-place.",
-    )
-    parser.add_argument("input", type=Path, help="workflow JSON (UI or API format)")
-    target = parser.add_mutually_exclusive_group()
-    target.add_argument("-o", "--output", help="where to write (default: IN.minimax-hotfix.json, with "
-                        "--reverse IN.stock.json; '-' for standard output)")
-    target.add_argument("--in-place", action="store_true", help="replace the input file (atomically)")
-    parser.add_argument("--reverse", action="store_true", help="turn the pack's loaders back into stock loaders")
-    args = parser.parse_args(argv)
+def rules_module() -> str:
+    """web/swap_rules.js: the rules as an ES module for the frontend extension."""
+    return ("// Generated by `python tools/swap_loaders.py --print-rules > web/swap_rules.js`; do not edit.\n"
+            f"export const RULES = {json.dumps(RULES, indent=2)};\n")
 
+
+def _say(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def _process(source: Path, args) -> int:
+    """Swaps one file; returns 0 (done), 1 (error, or --check found something to change)."""
     if args.output == "-":
         output = None
     elif args.in_place:
-        output = args.input
+        output = source
     else:
-        output = Path(args.output) if args.output else default_output(args.input, args.reverse)
-        if output.exists() and args.input.exists() and os.path.samefile(output, args.input):
-            parser.error(f"{output} is the input file; pass --in-place to overwrite it")
+        output = Path(args.output) if args.output else default_output(source, args.reverse)
+        if output.exists() and source.exists() and os.path.samefile(output, source):
+            _say(f"error: {output} is the input file; pass --in-place to overwrite it")
+            return 2
     try:
-        doc, text = read_workflow(args.input)
-        changed = swap(doc, reverse=args.reverse)
+        doc, text = read_workflow(source)
+        changes = swap(doc, reverse=args.reverse)
+        for warning in changes.warnings:
+            _say(f"warning: {source}: {warning}")
+        if changes.left:
+            names = ", ".join(f"node {_node_id(node)} ({_node_type(node)})" for node in changes.left)
+            _say(f"warning: {source}: kept, not inserted by this tool: {names}; remove them by hand for a workflow "
+                 "that runs without the pack")
+        if args.check:
+            _say(f"{source}: {'would change: ' + changes.summary(args.reverse) if changes else 'nothing to change'}")
+            return 1 if changes else 0
+        if not changes:
+            _say(f"{source}: nothing to change; wrote nothing")
+            return 0
         rendered = render(doc, text)
         if output is None:
             sys.stdout.write(rendered)
         else:
-            write_atomically(output, rendered)
+            write_atomically(output, rendered, force=args.force)
     except WorkflowError as exc:
-        print(f"swap_loaders: error: {exc}", file=sys.stderr)
+        _say(f"error: {exc}")
         return 1
-    except OSError as exc:
-        print(f"swap_loaders: error: {exc.filename or output}: cannot write: {exc.strerror}", file=sys.stderr)
-        return 1
-    counts = collections.Counter(node.get("type") or node.get("class_type") for node in changed)
-    before = STOCK_TO_PACK if args.reverse else PACK_TO_STOCK
-    summary = ", ".join(f"{count} x {before[name]} -> {name}" for name, count in sorted(counts.items()))
-    print(f"swap_loaders: {args.input}: {summary or 'no loaders to change'}; wrote "
-          f"{'standard output' if output is None else output}", file=sys.stderr)
+    _say(f"{source}: {changes.summary(args.reverse)}; wrote {'standard output' if output is None else output}")
     return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Move ComfyUI workflows onto MiniMax Hotfix: stock VAELoader/CLIPLoader/UNETLoader become the "
+        "pack's loaders, other MODEL/CLIP/VAE loaders get the pack's Apply node after them (UI format with "
+        "subgraphs, or API format). The input is never overwritten unless --in-place.",
+    )
+    parser.add_argument("inputs", type=Path, nargs="*", metavar="FILE", help="workflow JSON (UI or API format)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("-o", "--output", help="where to write, for one FILE (default: FILE.minimax-hotfix.json, "
+                        "with --reverse FILE.stock.json; '-' for standard output)")
+    target.add_argument("--in-place", action="store_true", help="replace each FILE (atomically, through symlinks)")
+    target.add_argument("--check", action="store_true",
+                        help="write nothing; say what would change and exit 1 if anything would")
+    target.add_argument("--print-rules", action="store_true",
+                        help="print the swap rules as the JavaScript module web/swap_rules.js")
+    parser.add_argument("--force", action="store_true", help="with --in-place, replace read-only files too")
+    parser.add_argument("--reverse", action="store_true",
+                        help="back to stock: the pack's loaders become stock ones, inserted Apply nodes go")
+    parser.add_argument("--version", action="version", version=f"{PROG} {VERSION} (MiniMax Hotfix)")
+    args = parser.parse_args(argv)
+    if args.print_rules:
+        sys.stdout.write(rules_module())
+        return 0
+    if not args.inputs:
+        parser.error("no FILE given")
+    if args.output and len(args.inputs) > 1:
+        parser.error("-o/--output takes one FILE; use --in-place or the default names for several")
+    if args.force and not args.in_place:
+        parser.error("--force goes with --in-place")
+    return max(_process(source, args) for source in args.inputs)
 
 
 if __name__ == "__main__":

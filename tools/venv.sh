@@ -6,6 +6,9 @@
 # installed with --no-deps into .venv/extra/transformers-<ver> (so a file lists transformers plus exactly the deps
 # whose pins differ from .venv's), and those tests put that folder first on PYTHONPATH of a subprocess. Each folder
 # is reinstalled only when its file, tests/requirements.txt or the venv's Python changes.
+#
+# TORCH_INDEX_URL (optional) is the index torch alone is taken from, e.g. https://download.pytorch.org/whl/cpu for
+# the CPU-only build (about 190 MB) where pip's default index would take a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -13,7 +16,8 @@ want=$(cat tests/requirements.txt | sha256sum | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" != "$want" ]; then
   python3 -m venv "$venv"
   # torch alone and first, exactly pinned: anything that lets pip choose pulls a multi-GB CUDA build.
-  "$venv/bin/pip" install -q --disable-pip-version-check "$(grep -m1 '^torch==' tests/requirements.txt)"
+  "$venv/bin/pip" install -q --disable-pip-version-check ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+    "$(grep -m1 '^torch==' tests/requirements.txt)"
   "$venv/bin/pip" install -q --disable-pip-version-check -r tests/requirements.txt
   echo "$want" > "$venv/.requirements.sha"
 fi

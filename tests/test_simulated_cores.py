@@ -1,0 +1,155 @@
+"""Every fix on the simulated newer cores (tests/simulated_cores.py), each core in its own Python process.
+
+For each core: the status every fix reports there (the matrix below), and the tests of the fixes that concern that
+core, run with COMFYUI_PATH at the core (their red/green tests must pass there, not skip). Then, as CI runs it, each
+fix's green test on its core with that fix switched off by MINIMAX_HOTFIX_DISABLE: it must fail with the bug.
+
+Runs in the "with ComfyUI" run (tools/test.sh): the processes need ComfyUI's requirements.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+import simulated_cores
+
+ROOT = Path(__file__).resolve().parents[1]
+
+APPLIED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "applied", "fixed upstream", "not applicable", "not affected"
+# what every fix must report on each core; fixes that do not depend on ComfyUI's code read the same everywhere
+EVERYWHERE = {"ck_rope_device": APPLIED, "transformers_qwen3vl_pos_embed": APPLIED,
+              "transformers_static_cache": FIXED, "music3_graph_capture": APPLIED, "qwen3vl_pos_embed": APPLIED}
+STATUS = {
+    "0.33.0": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+               "vae_qk_norm_scale": NOT_APPLICABLE},
+    "0.36/0.37 VAE": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+                      "vae_qk_norm_scale": APPLIED},
+    "fixed VAE": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+                  "vae_qk_norm_scale": FIXED},
+    "post-#15861 Music 3": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": APPLIED,
+                            "vae_qk_norm_scale": NOT_APPLICABLE},
+    "fixed int8": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+                   "vae_qk_norm_scale": NOT_APPLICABLE},
+    "0.38 Qwen3-VL": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+                      "vae_qk_norm_scale": NOT_APPLICABLE},
+}
+
+VAE_TESTS = "tests/test_vae_qk_norm_scale.py"
+MUSIC3_TESTS = "tests/test_music3_graphs_comfyui.py"
+QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
+
+# the test files of the fixes each core concerns, and the tests among them that must pass there (not skip)
+CORE_TESTS = {
+    "0.36/0.37 VAE": (VAE_TESTS, ["test_detection_on_the_running_comfyui",
+                                  "test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it",
+                                  "test_fully_resident_decode_is_bitwise_unchanged",
+                                  "test_install_hooks_the_decoder_of_the_real_vae"]),
+    "fixed VAE": (VAE_TESTS, ["test_detection_on_the_running_comfyui",
+                              "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it"]),
+    "post-#15861 Music 3": (MUSIC3_TESTS, ["test_detection_follows_the_code_of_this_checkout",
+                                           "test_noise_without_the_pack_where_the_core_has_the_bug",
+                                           "test_with_the_pack_graphs_on_equal_graphs_off",
+                                           "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
+                                           "test_gguf_q4_0_unit_red_without_the_pack",
+                                           "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs"]),
+    "0.38 Qwen3-VL": (QWEN3VL_TESTS, ["test_detect_applies_on_this_comfyui",
+                                      "test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device",
+                                      "test_attaches_through_the_model_patcher_and_survives_clone",
+                                      "test_kernel_equals_comfyui_method_bit_for_bit[dtype0]"]),
+}
+
+# (core, fix id, its green test, what the failure shows with the fix switched off)
+SWITCHED_OFF = [
+    ("0.36/0.37 VAE", "vae_qk_norm_scale",
+     f"{VAE_TESTS}::test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it",
+     "Expected all tensors to be on the same device"),
+    ("post-#15861 Music 3", "music3_graph_buffers",
+     f"{MUSIC3_TESTS}::test_with_the_pack_graphs_on_equal_graphs_off", "assert False"),
+    ("post-#15861 Music 3", "music3_graph_capture",
+     f"{MUSIC3_TESTS}::test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+     "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"),
+    ("0.38 Qwen3-VL", "qwen3vl_pos_embed",
+     f"{QWEN3VL_TESTS}::test_attaches_through_the_model_patcher_and_survives_clone", "'cpu'"),
+]
+
+pytestmark = pytest.mark.skipif(not simulated_cores.available(),
+                                reason=f"simulated cores are built from {simulated_cores.BASE}, absent here")
+
+
+@pytest.fixture(scope="session")
+def core_path(comfyui, tmp_path_factory):
+    """``core_path(name)``: the path of a simulated core, built once per session."""
+    built: dict[str, Path] = {}
+
+    def path(name: str) -> Path:
+        if name not in built:
+            built[name] = simulated_cores.build_core(name, tmp_path_factory.mktemp("core") / "ComfyUI")
+            print(simulated_cores.describe(name))
+        return built[name]
+
+    return path
+
+
+def run_in_core(core: Path, args: list[str], **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "COMFYUI_PATH": str(core), **env}
+    environment.pop("PYTEST_CURRENT_TEST", None)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=environment, capture_output=True, text=True,
+                          timeout=900)
+
+
+def pytest_in_core(core: Path, targets: list[str], tmp_path: Path, **env):
+    """Runs pytest on ``targets`` inside the core; returns (completed process, {test name: outcome})."""
+    report = tmp_path / "report.xml"
+    done = run_in_core(core, ["-m", "pytest", *targets, "-q", "-rs", "-p", "no:cacheprovider",
+                              f"--junitxml={report}"], **env)
+    outcomes = {}
+    if report.exists():
+        for case in ElementTree.parse(report).iter("testcase"):
+            kinds = {child.tag for child in case}
+            outcomes[case.get("name")] = ("failed" if kinds & {"failure", "error"} else
+                                          "skipped" if "skipped" in kinds else "passed")
+    return done, outcomes
+
+
+STATUS_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tools!r})
+from doctor import load_pack
+load_pack()
+from minimax_hotfix.patches._comfy import use_comfyui_checkout
+use_comfyui_checkout()
+from minimax_hotfix import patches
+print(json.dumps({{fix_id: patches.status(fix).state.value for fix_id, fix in patches.all_fixes().items()}}))
+"""
+
+
+@pytest.mark.parametrize("name", list(STATUS))
+def test_every_fix_reports_its_status_on_the_core(name, core_path):
+    done = run_in_core(core_path(name), ["-c", STATUS_SCRIPT.format(tools=str(ROOT / "tools"))],
+                       MINIMAX_HOTFIX_DISABLE="")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == STATUS[name]
+
+
+@pytest.mark.parametrize("name", list(CORE_TESTS))
+def test_fix_tests_pass_on_the_core_they_concern(name, core_path, tmp_path):
+    target, must_pass = CORE_TESTS[name]
+    done, outcomes = pytest_in_core(core_path(name), [target], tmp_path, MINIMAX_HOTFIX_DISABLE="")
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert {test: outcomes.get(test) for test in must_pass} == {test: "passed" for test in must_pass}
+
+
+@pytest.mark.parametrize("name, fix_id, green_test, failure", SWITCHED_OFF, ids=[row[1] for row in SWITCHED_OFF])
+def test_green_test_fails_with_its_fix_switched_off(name, fix_id, green_test, failure, core_path, tmp_path):
+    done, outcomes = pytest_in_core(core_path(name), [green_test], tmp_path, MINIMAX_HOTFIX_DISABLE=fix_id)
+    print(f"{fix_id} switched off on {name!r}: {outcomes}")
+    assert done.returncode == 1 and list(outcomes.values()) == ["failed"], done.stdout[-3000:]
+    assert failure in done.stdout, done.stdout[-3000:]
