@@ -1,16 +1,19 @@
 """Speed and memory of int8_full_precision_mm's fallback against a dense ``F.linear`` of the same shapes, one run.
 
-    COMFYUI_PATH=/path/to/ComfyUI python benchmarks/int8_fallback.py [--tokens 256] [--dtype float32] [--repeats 30]
+    COMFYUI_PATH=/path/to/ComfyUI python benchmarks/int8_fallback.py [--tokens 256] [--vae-tokens 256] [--dtype float32] [--repeats 30]
 
 Builds an H3-DiT-shaped MLP (fc1 hidden->2*ffn through ``forward``, fc2 ffn->hidden through
-``comfy.ops.linear_input_act(..., "swiglu")``) from int8 ConvRot state dicts with the running ComfyUI's
-``mixed_precision_ops``, makes ``torch._int_mm`` raise the MPS error (a device without int8 compute), attaches the fix
+``comfy.ops.linear_input_act(..., "swiglu")``) and the four int8 Linears of one MiniMax H3 video VAE decoder block at
+their real sizes (``to_qkv``, ``to_out``, ``ff.w1``, ``ff.w2``; width 2048, called through ``forward``, built with
+``mixed_precision_ops(quant_config, dtype)`` as ``comfy/sd.py`` builds them; ``--vae-tokens`` tokens) from int8
+ConvRot state dicts with the running ComfyUI's ``mixed_precision_ops``, makes ``torch._int_mm`` raise the MPS error (a device without int8 compute), attaches the fix
 through a real ModelPatcher load and times, interleaved call by call, the fallback and a dense ``F.linear`` with the
 same (dequantized) weight; then the fallback with its cache emptied before each call. Prints time ratios (medians) and
 the memory the cache costs. Target: fallback / dense <= 1.1 after the first call.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -24,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 TARGET = 1.1
+# MiniMax H3 video VAE decoder block (ViT3DDecoder: 32 heads x 64): name, in_features, out_features
+VAE_LAYERS = (("to_qkv", 2048, 6144), ("to_out", 2048, 2048), ("ff.w1", 2048, 16384), ("ff.w2", 8192, 2048))
 
 
 def int8_linear(ops, in_features, out_features, dtype, seed):
@@ -52,6 +57,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--ffn", type=int, default=2048)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--vae-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
     options = parser.parse_args()
     dtype = getattr(torch, options.dtype)
@@ -82,6 +88,12 @@ def main() -> int:
         "linear_input_act swiglu": (fc2, lambda: comfy.ops.linear_input_act(fc2, h, "swiglu"),
                                     lambda: F.linear(swiglu(h), dense[fc2])),
     }
+    for seed, (name, in_features, out_features) in enumerate(VAE_LAYERS, start=3):
+        layer = int8_linear(comfy.ops, in_features, out_features, dtype, seed=seed)
+        tokens = torch.randn(options.vae_tokens, in_features).to(dtype)
+        dense[layer] = layer.weight.dequantize().to(dtype)
+        paths[f"VAE {name}"] = (layer, functools.partial(layer, tokens),
+                                functools.partial(F.linear, tokens, dense[layer]))
     real_int_mm = torch._int_mm
 
     def missing(*args, **kwargs):
@@ -89,7 +101,7 @@ def main() -> int:
 
     torch._int_mm = missing
     forget_int8_probes()
-    model = torch.nn.ModuleList([fc1, fc2])
+    model = torch.nn.ModuleList(dense)
     cpu = torch.device("cpu")
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=cpu, offload_device=cpu)
     FIX.attach(patcher, key_for(FIX))
@@ -120,7 +132,7 @@ def main() -> int:
 
     print(f"int8 fallback vs dense F.linear: ComfyUI {comfyui_version()}, torch {torch.__version__}, cpu "
           f"({torch.get_num_threads()} threads), {options.dtype}, {options.tokens} tokens, "
-          f"torch._int_mm made to raise the MPS error")
+          f"torch._int_mm made to raise the MPS error; VAE rows: {options.vae_tokens} tokens")
     header = ("path", "K->N", "first call", "after first", "no cache", "dense ms")
     print("  ".join(f"{h:>11}" if i else f"{h:<24}" for i, h in enumerate(header)))
     for name, shape, first, steady, uncached, dense_ms in rows:

@@ -1,36 +1,43 @@
-"""int8_full_precision_mm: int8 models on devices without ``torch._int_mm`` (Apple MPS) use dequantized weights.
+"""int8_full_precision_mm: int8 models and VAEs on devices without ``torch._int_mm`` (Apple MPS) use dequantized weights.
 
-Bug: an int8 checkpoint (``int8_tensorwise``, e.g. MiniMax H3's ``*_int8_convrot`` DiT, or ``asym_w4a8_int8``) stops
-at sampler step 0 on a device whose torch has no int8 GEMM, with
-``NotImplementedError: The operator 'aten::_int_mm' is not currently implemented for the MPS device.``
+Bug: an int8 checkpoint (``int8_tensorwise``, e.g. MiniMax H3's ``*_int8_convrot`` DiT and video VAE, or ``asym_w4a8_int8``) stops on a device whose torch has no int8 GEMM with ``NotImplementedError: The operator 'aten::_int_mm' is not currently implemented for the MPS device.``
 ComfyUI 0.33.0 reaches ``torch._int_mm`` from ``Linear.forward`` itself (it has no dequantize step) and from the fused
 ``comfy.ops.linear_input_act`` (H3 DiT MLP ``fc2``, Llama/Qwen3 MLP ``down_proj``, Music 3 ``RVQMLP``). Cores with
-#16130 dequantize in ``forward`` but ``linear_input_act`` still ignores ``_full_precision_mm`` until #16285.
+#16130 dequantize in ``forward`` but only layers marked ``_full_precision_mm``, and ``linear_input_act`` ignores the
+mark until #16285. Nothing marks the MiniMax H3 video VAE's layers (``comfy/sd.py`` builds it with
+``mixed_precision_ops(quant_config, dtype)``) or the Music 3 text encoder's (``text_encoders/minimax_music.py``), so
+those crash at VAE Decode / text encoding on every core seen, the fixed ones included.
 
-Upstream: issue Comfy-Org/ComfyUI#16284; fixed by PR #16130 (``supports_int8_compute``, dequantize in
-``Linear.forward``) and PR #16285 (``linear_input_act`` honours ``_full_precision_mm``). Follow-ups: #16458 (MPS has
+Upstream: issue Comfy-Org/ComfyUI#16284; fixed for diffusion models and ``sd1_clip`` text encoders by PR #16130
+(``supports_int8_compute``, dequantize in ``Linear.forward``) and PR #16285 (``linear_input_act`` honours
+``_full_precision_mm``); no upstream fix for the VAE or the Music 3 text encoder yet. Follow-ups: #16458 (MPS has
 ``_int_mm`` since torch 2.15 but ComfyUI still switches native int8 off there), comfy-kitchen PR #107.
 
-Applies to: ComfyUI 0.33.0 up to the release before #16285 (about 0.37) with comfy-kitchen's int8 layouts; any torch.
+Applies to: ComfyUI 0.33.0 and later with comfy-kitchen's int8 layouts; any torch.
 
-Detection ("fixed upstream"): behavioural. A tiny ``_full_precision_mm`` int8 Linear, loaded from a state dict the way
-ComfyUI loads quantized checkpoints, is run through ``forward`` and ``linear_input_act`` on CPU; a core whose two
-results equal a linear with the dequantized weight (within fp32 rounding, far below int8 activation rounding) has
-both upstream fixes and the fix stays off. A ``linear_input_act`` signature with parameters this fix does not know
-disables it (target drifted).
+Detection ("fixed upstream"), per kind of model (``MODEL_KINDS``): behavioural. For each kind a tiny int8 Linear is
+built with the ``mixed_precision_ops`` options that kind's loader passes on a device without int8 compute, loaded from
+a state dict the way ComfyUI loads quantized checkpoints, and run through ``forward`` and ``linear_input_act`` on CPU;
+a kind whose two results equal a linear with the dequantized weight (within fp32 rounding, far below int8 activation
+rounding) is fixed upstream. The fix is "fixed upstream" only when every kind is; the reason lists each kind. At
+attach time the same question is asked of each real layer: a layer the core dequantizes itself (marked
+``_full_precision_mm`` on a core that honours the mark) is left alone, and a model with no other int8 layer gets
+nothing attached. A ``linear_input_act`` signature with parameters this fix does not know disables it (target drifted).
+Delete this file once ComfyUI dequantizes every kind's int8 layers on devices without int8 compute.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=int8_full_precision_mm``.
 
-How: attached to MODEL and CLIP patchers as an injection. When the patcher's load device fails a real ``torch._int_mm``
-probe (kernels/int8_fallback.py; cached per device, so MPS on torch >= 2.15 keeps native int8), every int8-GEMM
-Linear of that model gets an instance ``forward`` that computes with the weight dequantized once and cached until
-ComfyUI moves or patches it, and is marked for ``linear_input_act``. Each call checks the input's device again, so
-where int8 compute exists the layer's own fused kernel runs. ``linear_input_act`` is a free function that model code
-looks up in ``comfy.ops`` on every call, not an attribute of anything a patcher owns, so no object patch, injection or
-sampling wrapper (those do not reach CLIP) can redirect it per model: the fix installs, once and only when a model
-needs it, a wrapper of ``comfy.ops.linear_input_act`` that diverts the layers marked here and passes every other
-call to the original unchanged. Ejecting the model (unload, partial unload, detach) removes the marks, the instance
-forwards and the cached weights.
+How: attached to MODEL, CLIP and VAE patchers as an injection. When the patcher's load device fails a real
+``torch._int_mm`` probe (kernels/int8_fallback.py; cached per device, so MPS on torch >= 2.15 keeps native int8),
+every int8-GEMM Linear of that model that the core does not dequantize itself gets an instance ``forward`` that
+computes with the weight dequantized once and cached until ComfyUI moves or patches it, and is marked for
+``linear_input_act``. Each call checks the input's device again, so where int8 compute exists the layer's own fused
+kernel runs. ``linear_input_act`` is a free function that model code looks up in ``comfy.ops`` on every call, not an
+attribute of anything a patcher owns, so no object patch, injection or sampling wrapper (those do not reach CLIP) can
+redirect it per model: the fix installs, once and only when a model needs it, a wrapper of
+``comfy.ops.linear_input_act`` that diverts the layers marked here and passes every other call to the original
+unchanged. Ejecting the model (unload, partial unload, detach) removes the marks, the instance forwards and the cached
+weights.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ import importlib.util
 import inspect
 import json
 import logging
+import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +60,7 @@ from ._devices import real_accelerator
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
 
 log = logging.getLogger("minimax_hotfix")
+_honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 FIX_ID = "int8_full_precision_mm"
 # Layouts whose comfy-kitchen kernels multiply with torch._int_mm (ConvRot W4A4 multiplies in floating point).
@@ -61,6 +71,41 @@ LINEAR_INPUT_ACT_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_ep
 # still found under a wrapper another pack puts on top with functools.wraps, which copies the attribute).
 MARK = "_minimax_hotfix_int8_fallback"
 MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented for the MPS device."
+# Quant formats whose comfy-kitchen kernels need int8 compute: cores with #16130 disable them per load device.
+INT8_COMPUTE_FORMATS = frozenset({"int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4"})
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One way ComfyUI builds int8 layers: ``options(model_management)`` are the ``mixed_precision_ops`` options its
+    loader passes for a load device without int8 compute; ``built_by`` says where and how, for the status reason."""
+
+    name: str
+    target: str
+    built_by: str
+    options: object
+
+
+def _diffusion_model_options(model_management) -> dict:
+    """``pick_operations`` on cores with #16130 disables the int8 formats where ``supports_int8_compute`` says no (the
+    query decides by device type: MPS is the device it answers no for on every such core), which marks the layers
+    ``_full_precision_mm``; older cores disable no int8 format."""
+    query = getattr(model_management, "supports_int8_compute", None)
+    lacking = query is not None and not query(torch.device("mps"))
+    return {"disabled": sorted(INT8_COMPUTE_FORMATS) if lacking else []}
+
+
+# Every loader of ComfyUI that builds int8 layers (docs/int8_fallback.md has the table, with the loaders that cannot).
+MODEL_KINDS = (
+    ModelKind("diffusion model", "model", "comfy.ops.pick_operations(..., model_config=<quantized>) in model_base",
+              _diffusion_model_options),
+    ModelKind("text encoder", "clip", "comfy/sd1_clip.py: mixed_precision_ops(quant_config, dtype, "
+              "full_precision_mm=True)", lambda model_management: {"full_precision_mm": True}),
+    ModelKind("Music 3 text encoder", "clip", "comfy/text_encoders/minimax_music.py: mixed_precision_ops(quant_config, "
+              "dtype), no full_precision_mm", lambda model_management: {}),
+    ModelKind("MiniMax H3 video VAE", "vae", "comfy/sd.py: mixed_precision_ops(quant_config, dtype), no "
+              "full_precision_mm, no disabled formats", lambda model_management: {}),
+)
 
 
 class DequantizedInt8Linear(DequantizedLinear):
@@ -142,12 +187,13 @@ def memory_guard(model_management, fix_id: str):
     return may_keep
 
 
-def tiny_int8_linear(ops, in_features: int, out_features: int, full_precision_mm: bool, device="cpu"):
-    """A bias-free ``int8_tensorwise`` Linear of the running core, loaded from a state dict as checkpoints are."""
+def tiny_int8_linear(ops, in_features: int, out_features: int, device="cpu", **options):
+    """A bias-free ``int8_tensorwise`` Linear of the running core built with ``mixed_precision_ops(..., **options)``,
+    loaded from a state dict as checkpoints are."""
     generator = torch.Generator().manual_seed(0)
     quantized = ops.QuantizedTensor.from_float(
         torch.randn(out_features, in_features, generator=generator), "TensorWiseINT8Layout")
-    layer = ops.mixed_precision_ops({}, torch.float32, full_precision_mm=full_precision_mm).Linear(
+    layer = ops.mixed_precision_ops({}, torch.float32, **options).Linear(
         in_features, out_features, bias=False, device=device)
     config = torch.tensor(list(json.dumps({"format": "int8_tensorwise"}).encode()), dtype=torch.uint8)
     layer.load_state_dict({"weight": quantized._qdata, "weight_scale": quantized._params.scale,
@@ -164,8 +210,8 @@ def matches(result: torch.Tensor, reference: torch.Tensor) -> bool:
 
 class Int8FullPrecisionMM(Fix):
     id = FIX_ID
-    title = "int8 models on devices without torch._int_mm (Apple MPS): forward and linear_input_act dequantize"
-    targets = ("model", "clip")
+    title = "int8 models and VAEs on devices without torch._int_mm (Apple MPS): forward and linear_input_act dequantize"
+    targets = ("model", "clip", "vae")
     upstream = "Comfy-Org/ComfyUI#16284 (fixed by #16130 and #16285)"
 
     def detect(self) -> Status:
@@ -175,20 +221,33 @@ class Int8FullPrecisionMM(Fix):
         drift = self._drift(ops)
         if drift:
             return Status(State.FAILED, f"target drifted: {drift}")
+        reaching = self.kinds_reaching_int_mm(ops)
+        parts = []
+        for kind in MODEL_KINDS:
+            paths = " and ".join(reaching[kind.name])
+            verdict = (f"needs it: does not dequantize in {paths}" if paths
+                       else "fixed upstream: dequantizes in Linear.forward and linear_input_act")
+            parts.append(f"{kind.name} ({kind.target}) {verdict} ({kind.built_by})")
+        if not any(reaching.values()):
+            return Status(State.FIXED_UPSTREAM, "; ".join(parts))
+        return Status(State.APPLIED, "; ".join(parts) + ". Diverted to a dequantized weight on devices where the op "
+                                                        "is missing, for the kinds that need it")
+
+    def kinds_reaching_int_mm(self, ops) -> dict[str, list[str]]:
+        """For each model kind, the call paths on which a layer built as that kind's loader builds it for a device
+        without int8 compute does not compute with its dequantized weight: it shows int8 activation rounding, or
+        raises (from a missing ``_int_mm``, or from an int8 kernel that does not take the core's arguments); either
+        way the fallback, which needs neither, is what computes right there."""
+        model_management = comfy_module("comfy.model_management")
+        reaching = {}
         with torch.no_grad():
-            (forward, fused), reference, _ = self._probe(ops, torch.device("cpu"), full_precision_mm=True)
-            outcomes = {"Linear.forward": _outcome(forward), "linear_input_act": _outcome(fused)}
-        for out in outcomes.values():
-            # raising from a missing torch._int_mm (a CPU without it) is the bug itself; anything else is not ours
-            if isinstance(out, Exception) and "_int_mm" not in str(out):
-                raise out
-        through = {path: isinstance(out, torch.Tensor) and matches(out, reference) for path, out in outcomes.items()}
-        if all(through.values()):
-            return Status(State.FIXED_UPSTREAM, "ComfyUI computes _full_precision_mm int8 layers with a dequantized "
-                                                "weight in Linear.forward (#16130) and linear_input_act (#16285)")
-        paths = " and ".join(path for path, dequantizes in through.items() if not dequantizes)
-        return Status(State.APPLIED, f"int8 layers reach torch._int_mm through {paths} even with _full_precision_mm; "
-                                     "diverted to a dequantized weight on devices where the op is missing")
+            for kind in MODEL_KINDS:
+                (forward, fused), reference, _ = self._probe(ops, torch.device("cpu"),
+                                                             **kind.options(model_management))
+                outcomes = {"Linear.forward": _outcome(forward, Exception), "linear_input_act": _outcome(fused, Exception)}
+                reaching[kind.name] = [path for path, out in outcomes.items()
+                                       if not (isinstance(out, torch.Tensor) and matches(out, reference))]
+        return reaching
 
     @staticmethod
     def _drift(ops) -> str:
@@ -210,7 +269,29 @@ class Int8FullPrecisionMM(Fix):
         return ""
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, self.injection())
+        """Nothing is attached to a model whose int8 layers the core dequantizes itself (a kind fixed upstream)."""
+        ops = comfy_module("comfy.ops")
+        if any(self.needs_diversion(module, ops) for module in patcher.model.modules()):
+            set_injection(patcher, key, self.injection())
+
+    def needs_diversion(self, module, ops) -> bool:
+        """An int8-GEMM layer that the running core would hand to ``torch._int_mm`` on a device without it: any such
+        layer unless it is marked ``_full_precision_mm`` and the core honours the mark on both call paths."""
+        if not has_int8_gemm_weight(module, ops.QuantizedTensor):
+            return False
+        return not (getattr(module, "_full_precision_mm", False) and self.honours_full_precision_mm(ops))
+
+    def honours_full_precision_mm(self, ops) -> bool:
+        """Whether ``ops`` dequantizes ``_full_precision_mm`` int8 layers in forward and linear_input_act (probed once
+        per ``comfy.ops`` module)."""
+        known = _honours_full_precision_mm.get(ops)
+        if known is None:
+            with torch.no_grad():
+                paths, reference, _ = self._probe(ops, torch.device("cpu"), full_precision_mm=True)
+                known = all(isinstance(out, torch.Tensor) and matches(out, reference)
+                            for out in (_outcome(path, Exception) for path in paths))
+            _honours_full_precision_mm[ops] = known
+        return known
 
     def injection(self):
         """Diverts the model's int8 layers after each load, but only when its load device lacks int8 compute, so a
@@ -228,7 +309,7 @@ class Int8FullPrecisionMM(Fix):
 
     def divert_int8_layers(self, model) -> list:
         ops = comfy_module("comfy.ops")
-        layers = [module for module in model.modules() if has_int8_gemm_weight(module, ops.QuantizedTensor)]
+        layers = [module for module in model.modules() if self.needs_diversion(module, ops)]
         if not layers:
             return []
         self.install()
@@ -273,10 +354,11 @@ class Int8FullPrecisionMM(Fix):
                                     "a stock int8 layer in forward and linear_input_act", "both paths compute",
                                     fixed_upstream=state is State.FIXED_UPSTREAM)
 
-    def _probe(self, ops, device, full_precision_mm: bool):
-        """An int8 layer of the running core on ``device``: its two call paths (forward, linear_input_act with
-        swiglu), their fp32 reference with the dequantized weight, and the layer diverted as the fix diverts it."""
-        layer = tiny_int8_linear(ops, 64, 16, full_precision_mm=full_precision_mm, device=device)
+    def _probe(self, ops, device, **options):
+        """An int8 layer of the running core on ``device``, built with ``mixed_precision_ops(..., **options)``: its two
+        call paths (forward, linear_input_act with swiglu), their fp32 reference with the dequantized weight, and the
+        layer diverted as the fix diverts it."""
+        layer = tiny_int8_linear(ops, 64, 16, device=device, **options)
         gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(device)
         activated = ops.INPUT_ACT_EAGER["swiglu"](gated)
         paths = (lambda: layer(activated), lambda: ops.linear_input_act(layer, gated, "swiglu"))
@@ -356,10 +438,10 @@ def kernel_probe(device, full_precision_mm: bool):
     return (lambda: layer(x),), F.linear(x, layer.weight.dequantize()), diverted
 
 
-def _outcome(call):
+def _outcome(call, raised=(NotImplementedError, RuntimeError)):
     try:
         return call()
-    except (NotImplementedError, RuntimeError) as exc:
+    except raised as exc:
         return exc
 
 

@@ -74,6 +74,16 @@ COMFY_ATTENTION = StandIn(
     "    method = None\n",
 )
 
+INT8_COMPUTE_QUERY = StandIn(
+    "int8_compute_query",
+    "comfy.model_management.supports_int8_compute (#16130, which the fixed ops.py calls from pick_operations): no "
+    "int8 compute on MPS, as upstream answers by device type",
+    "comfy/model_management.py",
+    "\n\n# stand-in: int8_compute_query (#16130's supports_int8_compute)\n"
+    "def supports_int8_compute(device=None):\n"
+    "    return not is_device_mps(device)\n",
+)
+
 CORES = {
     core.name: core
     for core in (
@@ -86,7 +96,7 @@ CORES = {
              ("Comfy-Org/ComfyUI/00a76cac/comfy/text_encoders/llama.py",
               "comfyanonymous/ComfyUI/bc8cb493/comfy/ldm/minimax_music/ar.py")),
         Core("fixed int8", "a core with #16130 and #16285: int8 _full_precision_mm honoured in linear_input_act",
-             ("Comfy-Org/ComfyUI/0271a469/comfy/ops.py",)),
+             ("Comfy-Org/ComfyUI/0271a469/comfy/ops.py",), (INT8_COMPUTE_QUERY,)),
         Core("0.38 Qwen3-VL", "0.38 era: Qwen3-VL vision tower tables still built on the weight's or buffer's device",
              ("Comfy-Org/ComfyUI/06990860/comfy/text_encoders/qwen35.py",),
              (KITCHEN_INT8_DECODE, LLAMA_DECODE_HELPERS, COMFY_ATTENTION)),

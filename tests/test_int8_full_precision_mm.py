@@ -25,7 +25,8 @@ from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
 from minimax_hotfix.kernels.int8_fallback import DequantizedLinear, forget_int8_probes, int8_compute_available
 from minimax_hotfix.patches import key_for
 from minimax_hotfix.patches._fix import State
-from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MPS_INT_MM_ERROR
+from minimax_hotfix.patches import int8_full_precision_mm
+from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS, MPS_INT_MM_ERROR
 from patchers import StandInPatcher
 
 KEY = key_for(FIX)
@@ -43,7 +44,8 @@ def eager_input_act(x, input_act, act_weight=None, act_eps=0.0):
     return F.silu(gate) * up
 
 
-def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=NEWEST_PARAMETERS):
+def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=NEWEST_PARAMETERS,
+                 int8_compute_query=False):
     """``comfy``, ``comfy.ops``, ``comfy.model_management`` and ``comfy.rmsnorm`` as modules of a stand-in core."""
     ops = types.ModuleType("comfy.ops")
     ops.QuantizedTensor = QuantizedTensor
@@ -67,6 +69,7 @@ def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=
     class Linear(nn.Module):
         compute_dtype = torch.bfloat16
         _full_precision_mm = False
+        disabled_formats = ()
 
         def __init__(self, in_features, out_features, bias=True, device=None, dtype=None):
             super().__init__()
@@ -79,6 +82,8 @@ def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=
         def _load_from_state_dict(self, state_dict, prefix, *args):
             conf = json.loads(bytes(state_dict.pop(prefix + "comfy_quant").tolist()))
             assert conf["format"] == "int8_tensorwise"
+            if conf["format"] in self.disabled_formats:
+                self._full_precision_mm = True
             params = TensorWiseINT8Layout.Params(
                 scale=state_dict.pop(prefix + "weight_scale").to(self.device), orig_dtype=self.compute_dtype,
                 orig_shape=(self.out_features, self.in_features), convrot=conf.get("convrot", False),
@@ -94,7 +99,8 @@ def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=
             return F.linear(x, weight, bias)  # a QuantizedTensor weight dispatches to comfy-kitchen's int8_linear
 
     def mixed_precision_ops(quant_config={}, compute_dtype=torch.bfloat16, full_precision_mm=False, disabled=[]):
-        attributes = {"compute_dtype": compute_dtype, "_full_precision_mm": full_precision_mm}
+        attributes = {"compute_dtype": compute_dtype, "_full_precision_mm": full_precision_mm,
+                      "disabled_formats": tuple(disabled)}
         return types.SimpleNamespace(Linear=type("Linear", (Linear,), attributes))
 
     ops.mixed_precision_ops = mixed_precision_ops
@@ -125,6 +131,8 @@ def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=
     model_management = types.ModuleType("comfy.model_management")
     model_management.minimum_inference_memory = lambda: 1 << 30
     model_management.get_free_memory = lambda dev=None, torch_free_too=False: 1 << 40
+    if int8_compute_query:  # #16130: pick_operations disables the int8 formats where this says no
+        model_management.supports_int8_compute = lambda device=None: torch.device(device).type != "mps"
     rmsnorm = types.ModuleType("comfy.rmsnorm")
     rmsnorm.rms_norm = lambda x, weight=None, eps=1e-6: F.rms_norm(x, (x.shape[-1],), weight, eps)
     comfy = types.ModuleType("comfy")
@@ -573,15 +581,32 @@ def test_self_test_red_then_green(core):
     assert all(check.passed for check in checks), checks
 
 
-@pytest.mark.parametrize("forward_dequantizes, fused_dequantizes, state, named", [
-    (False, False, State.APPLIED, "Linear.forward and linear_input_act"),  # 0.33.0
-    (True, False, State.APPLIED, "through linear_input_act"),  # #16130 only, e.g. the seed's 0.35.1
-    (True, True, State.FIXED_UPSTREAM, "#16285"),
-])
-def test_detection_by_behaviour(monkeypatch, forward_dequantizes, fused_dequantizes, state, named):
-    use_modules(monkeypatch, standin_core(forward_dequantizes, fused_dequantizes))
+BOTH_PATHS = "needs it: does not dequantize in Linear.forward and linear_input_act"
+FUSED_PATH = "needs it: does not dequantize in linear_input_act"
+FIXED = "fixed upstream: dequantizes in Linear.forward and linear_input_act"
+
+
+@pytest.mark.parametrize("forward_dequantizes, fused_dequantizes, int8_compute_query, expected", [
+    (False, False, False, [BOTH_PATHS] * 4),  # 0.33.0
+    (True, False, True, [FUSED_PATH, FUSED_PATH, BOTH_PATHS, BOTH_PATHS]),  # #16130 only, e.g. the seed's 0.35.1
+    (True, True, True, [FIXED, FIXED, BOTH_PATHS, BOTH_PATHS]),  # #16130 + #16285
+    (True, True, False, [BOTH_PATHS, FIXED, BOTH_PATHS, BOTH_PATHS]),  # no query: nothing marks the DiT's layers
+], ids=["0.33.0", "16130", "16130+16285", "16285-without-query"])
+def test_detection_per_model_kind(monkeypatch, forward_dequantizes, fused_dequantizes, int8_compute_query,
+                                  expected):
+    """Diffusion model, text encoder, Music 3 text encoder, H3 video VAE: the fix stays applied while any needs it."""
+    use_modules(monkeypatch, standin_core(forward_dequantizes, fused_dequantizes,
+                                          int8_compute_query=int8_compute_query))
     found = FIX.detect()
-    assert found.state is state and named in found.reason, found
+    assert found.state is State.APPLIED, found
+    for kind, verdict in zip(MODEL_KINDS, expected):
+        assert f"{kind.name} ({kind.target}) {verdict} (" in found.reason, (kind.name, found.reason)
+
+
+def test_fixed_upstream_only_when_every_model_kind_is(monkeypatch):
+    use_modules(monkeypatch, standin_core(True, True, int8_compute_query=True))
+    monkeypatch.setattr(int8_full_precision_mm, "MODEL_KINDS", MODEL_KINDS[:2])  # a core that fixed the others too
+    assert FIX.detect().state is State.FIXED_UPSTREAM
 
 
 def test_detection_on_the_0_33_0_signature_and_on_a_drifted_one(monkeypatch):
@@ -608,11 +633,6 @@ def test_kernel_self_test_fails_when_the_diversion_does_nothing(monkeypatch):
     monkeypatch.setattr(DequantizedLinear, "forward", lambda self, x: self.native_forward(x))
     with pytest.raises(NotImplementedError, match=r"aten::_int_mm"):
         list(FIX.self_test())
-
-
-def test_real_comfyui_0_33_0_is_detected_as_affected(comfyui):
-    found = FIX.detect()
-    assert found.state is State.APPLIED and "Linear.forward and linear_input_act" in found.reason, found
 
 
 @pytest.mark.parametrize("target", ["model", "clip"])

@@ -35,7 +35,7 @@ STATUS = {
                   "vae_qk_norm_scale": FIXED},
     "post-#15861 Music 3": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": APPLIED,
                             "vae_qk_norm_scale": NOT_APPLICABLE},
-    "fixed int8": {**EVERYWHERE, "int8_full_precision_mm": FIXED, "music3_graph_buffers": NOT_AFFECTED,
+    "fixed int8": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
                    "vae_qk_norm_scale": NOT_APPLICABLE},
     "0.38 Qwen3-VL": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
                       "vae_qk_norm_scale": NOT_APPLICABLE},
