@@ -1,6 +1,6 @@
 """int8_full_precision_mm on the MiniMax H3 int8 video VAE (``minimax_h3_video_vae_int8_convrot``), through the pack's
 VAE loader and *Apply MiniMax Hotfix (VAE)*, on the running ComfyUI (CI: 0.33.0) and on the simulated "fixed int8"
-core (#16130 + #16285 in ``comfy/ops.py``) in a subprocess.
+core (#16130 + #16285 in ``comfy/ops.py``) through tests/test_simulated_cores.py.
 
 The VAE is ComfyUI's own ``MiniMaxH3VideoVAE`` built by ``comfy.sd.VAE`` from an int8 ConvRot state dict (so its
 decoder's transformer Linears come from ``mixed_precision_ops(quant_config, dtype)`` exactly as ``sd.py`` builds
@@ -12,8 +12,6 @@ constructor arguments. ``torch._int_mm`` raises the MPS error (a device without 
 import functools
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -196,21 +194,3 @@ def test_status_per_model_kind_follows_the_running_core(comfyui, int_mm_missing)
     all_fixed = all(state == "fixed upstream" for state in expected.values())
     assert found.state is (State.FIXED_UPSTREAM if all_fixed else State.APPLIED)
     assert expected["MiniMax H3 video VAE"] == "needs it", "no core seen so far dequantizes the VAE's int8 layers"
-
-
-def test_on_the_simulated_fixed_int8_core(comfyui, tmp_path):
-    """The tests above again, in a ComfyUI with #16130 and #16285 (``comfy/ops.py`` of 0271a469)."""
-    from simulated_cores import available, build_core, describe
-
-    if not available():
-        pytest.fail("the ComfyUI source for simulated cores is missing")
-    core = build_core("fixed int8", tmp_path / "fixed-int8")
-    print(describe("fixed int8"))
-    env = {**os.environ, "COMFYUI_PATH": str(core)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", __file__,
-                          "-k", "not simulated"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    print(run.stdout[-6000:], run.stderr[-2000:])
-    assert run.returncode == 0
-    assert "3 passed" in run.stdout
-    assert "Music 3 text encoder (clip) needs it" in run.stdout
-    assert "diffusion model (model) fixed upstream" in run.stdout

@@ -44,6 +44,7 @@ STATUS = {
 VAE_TESTS = "tests/test_vae_qk_norm_scale.py"
 MUSIC3_TESTS = "tests/test_music3_graphs_comfyui.py"
 QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
+INT8_VAE_TESTS = "tests/test_int8_vae.py"
 
 # the test files of the fixes each core concerns, and the tests among them that must pass there (not skip)
 CORE_TESTS = {
@@ -59,6 +60,9 @@ CORE_TESTS = {
                                            "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
                                            "test_gguf_q4_0_unit_red_without_the_pack",
                                            "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs"]),
+    "fixed int8": (INT8_VAE_TESTS, ["test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
+                                    "test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
+                                    "test_status_per_model_kind_follows_the_running_core"]),
     "0.38 Qwen3-VL": (QWEN3VL_TESTS, ["test_detect_applies_on_this_comfyui",
                                       "test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device",
                                       "test_attaches_through_the_model_patcher_and_survives_clone",
@@ -75,6 +79,9 @@ SWITCHED_OFF = [
     ("post-#15861 Music 3", "music3_graph_capture",
      f"{MUSIC3_TESTS}::test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
      "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"),
+    ("fixed int8", "int8_full_precision_mm",
+     f"{INT8_VAE_TESTS}::test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
+     "The operator 'aten::_int_mm' is not currently implemented for the MPS device"),
     ("0.38 Qwen3-VL", "qwen3vl_pos_embed",
      f"{QWEN3VL_TESTS}::test_attaches_through_the_model_patcher_and_survives_clone", "'cpu'"),
 ]
