@@ -27,8 +27,9 @@ no weights are drawn, so a user's ``torch.manual_seed`` before that first ``gene
 ``prepare_inputs_for_generation`` with host-side inputs, a ``StaticCache`` and the model on a
 FakeTensor ``cuda`` device (do the nested masks reach ``cuda``?), and ``_get_static_cache_init_shape`` with a TP size
 of 2 and an MLP-only plan (are the 2 KV heads kept?). Each wrapper repairs only if its probe shows the bug (the masks
-only when the main input is off the model device, the condition 5.20.2+ moves under), and the verdict is logged once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on
-drifted code leaves its half off (DISABLED) and says so in the log.
+only when the main input is off the model device, the condition 5.20.2+ moves under), and the verdict is logged
+once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on drifted code leaves
+its half off (DISABLED) and says so in the log.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=transformers_static_cache`` (also read on every wrapped call).
 """
