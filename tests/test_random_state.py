@@ -12,7 +12,6 @@ Red control: a fix made to draw one random number in detect, attach or a probe f
 tests/test_transformers_static_cache.py (``test_affected_seeded_generate_*``), which runs it on that version.
 """
 
-import asyncio
 import collections
 import json
 import os
