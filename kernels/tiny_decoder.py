@@ -198,9 +198,12 @@ class TinyDecoder(torch.nn.Module):
 
 
 def build_decoder(config: TinyConfig, device, dtype=torch.float32, q4_layers=(), seed=0) -> TinyDecoder:
-    """Seeded weights (the same for any device), with the MLP ``down_proj`` of ``q4_layers`` as GGUF-style Q4_0."""
-    torch.manual_seed(seed)
-    model = TinyDecoder(config).eval().to(device=device, dtype=dtype)
+    """Seeded weights (the same for any device), with the MLP ``down_proj`` of ``q4_layers`` as GGUF-style Q4_0.
+    The weights come from a forked CPU generator, so the caller's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):  # built on the CPU: only the CPU generator draws
+        torch.default_generator.manual_seed(seed)
+        model = TinyDecoder(config)
+    model = model.eval().to(device=device, dtype=dtype)
     for index in q4_layers:
         model.layers[index].down_proj = GGUFStyleQ4Linear.from_linear(model.layers[index].down_proj)
     return model

@@ -1,12 +1,15 @@
 """Fix registry: finds every fix module in this folder, decides once per process whether each is needed,
 and attaches the needed ones to a model's patcher.
 
-Guarantees (each has a test in tests/test_registry.py):
+Guarantees (each has a test in tests/test_registry.py, unless another file is named):
 * attaching twice equals attaching once (fixes attach under a per-fix key that replaces, never stacks);
 * detaching restores the original objects;
 * only the patcher handed in is touched, so a stock loader's model in the same process is not;
 * everything is patcher-level, so ComfyUI's clone() and cached_patcher_init rebuilds carry the fixes along;
-* a fix whose module fails to import or whose detection raises is "failed" alone, logged once, never raised.
+* a fix whose module fails to import or whose detection raises is "failed" alone, logged once, never raised;
+* no fix changes a seeded result: loading the pack, detection, attach, first-use probes, the status table and
+  process-wide install leave the global random state of torch, ``random`` and NumPy as it was
+  (tests/test_random_state.py).
 
 Off switch: MINIMAX_HOTFIX_DISABLE=<id>[,<id>...] (or "all"; case-insensitive), read when a fix is looked at, so
 it also works for a ComfyUI started with the variable set. Only the switch gives the state "disabled"; an id it

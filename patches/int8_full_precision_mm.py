@@ -422,7 +422,7 @@ def kernel_probe(device, full_precision_mm: bool):
     from comfy_kitchen.tensor import QuantizedTensor
 
     weight = torch.randn(16, 64, generator=torch.Generator().manual_seed(0)).to(device)
-    layer = torch.nn.Linear(64, 16, bias=False, device=device)
+    layer = torch.nn.Linear(64, 16, bias=False, device="meta")  # its weight is replaced: nothing to draw
     layer.weight = torch.nn.Parameter(QuantizedTensor.from_float(weight, "TensorWiseINT8Layout"), requires_grad=False)
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1)).to(device)
 

@@ -40,7 +40,7 @@ import torch
 
 from ..kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, decide_unit
 from ..kernels.tiny_decoder import (SMALL_CONFIG, CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, build_decoder,
-                                    decode_hidden_states)
+                                    decode_hidden_states, quantize_q4_0)
 from ._comfy import comfy_module
 from ._devices import real_accelerator
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
@@ -134,8 +134,9 @@ def emulated_checks():
     yield Check("green: only the Q4_0 unit runs uncaptured, the others keep their graphs",
                 refused == [GGUF_LAYER] and len(runner.graphs) == SMALL_CONFIG.layers - 1,
                 f"uncaptured layers {refused}, captured {len(runner.graphs)}")
+    weight = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
     yield Check("green: the policy names the reason", "GGUF Q4_0" in decide_unit(
-        [GGUFStyleQ4Linear.from_linear(torch.nn.Linear(32, 4, bias=False))], meta).reason)
+        [GGUFStyleQ4Linear(quantize_q4_0(weight), weight.shape)], meta).reason)
 
 
 def cuda_check(device):

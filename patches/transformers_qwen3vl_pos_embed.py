@@ -199,8 +199,9 @@ def tiny_tower(seed: int = 0):
                                  patch_size=4, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=40,
                                  num_position_embeddings=16, deepstack_visual_indexes=[0])
     config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    return tower_class(config).eval()
+    with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's random state left as it was
+        torch.default_generator.manual_seed(seed)
+        return tower_class(config).eval()
 
 
 TINY_GRID = ((1, 4, 6), (2, 2, 2))
@@ -297,8 +298,9 @@ def _cross_device_checks(tower, form: str, pixels, grid, reference) -> Iterable[
             args = (pixels.to(accelerator), grid.to(accelerator))
             label = f"pos_embed on cpu, compute on {accelerator.type}"
         else:
+            offloaded = torch.nn.Parameter(tower.pos_embed.weight.detach().clone())
             tower.to("meta")
-            tower.pos_embed.weight = torch.nn.Parameter(torch.randn(tower.pos_embed.weight.shape))
+            tower.pos_embed.weight = offloaded
             args = (pixels.to("meta"), grid)
             label = "pos_embed on cpu, compute on meta"
         yield _fails_check(f"red: unpatched, {label}: forward fails", lambda: tower(*args))

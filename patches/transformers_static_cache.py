@@ -22,12 +22,14 @@ Applies to: transformers 5.13.1 to 5.19.0 (5.20.0/5.20.1 unchecked), in any Comf
 Detection ("fixed upstream"): behavioural, on first use. Importing transformers' generation code takes about 2 s, far
 over the pack's import budget, so on releases 5.13.1 to 5.20.1 (read from the package metadata) the pack installs two
 pass-through wrappers at load without importing transformers (at once if ``transformers.generation.utils`` is already imported, else when it is). The first call of either
-wrapper probes the real, unwrapped methods once on a tiny random Qwen3 (0.4 to 1 s, mostly importing Qwen3):
+wrapper probes the real, unwrapped methods once on a tiny Qwen3 built on ``meta`` (mostly the time to import Qwen3;
+no weights are drawn, so a user's ``torch.manual_seed`` before that first ``generate()`` still gives the same ids):
 ``prepare_inputs_for_generation`` with host-side inputs, a ``StaticCache`` and the model on a
 FakeTensor ``cuda`` device (do the nested masks reach ``cuda``?), and ``_get_static_cache_init_shape`` with a TP size
-of 2 and an MLP-only plan (are the 2 KV heads kept?). Each wrapper repairs only if its probe shows the bug, and the
-verdict is logged once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on
-drifted code leaves its half off (FAILED) and says so in the log.
+of 2 and an MLP-only plan (are the 2 KV heads kept?). Each wrapper repairs only if its probe shows the bug (the masks
+only when the main input is off the model device, the condition 5.20.2+ moves under), and the verdict is logged
+once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on drifted code leaves
+its half off (FAILED) and says so in the log.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=transformers_static_cache`` (also read on every wrapped call).
 """
@@ -39,7 +41,6 @@ import importlib.abc
 import importlib.metadata
 import importlib.util
 import inspect
-import logging
 import re
 import sys
 import threading
@@ -47,9 +48,8 @@ import warnings
 from dataclasses import dataclass
 
 from ..kernels.nested_tensors import move_nested, nested_tensors
+from . import status
 from ._fix import Check, Fix, State, Status
-
-log = logging.getLogger("minimax_hotfix")
 
 FIX_ID = "transformers_static_cache"
 GENERATION_MODULE = "transformers.generation.utils"
@@ -135,14 +135,16 @@ def _unwrapped(mixin, name: str):
 # -- the probes -------------------------------------------------------------------------------------------------
 
 def _probe_model():
-    """A tiny random Qwen3 (its config has ``layer_types``, so static-cache masks come as a dict) on the CPU."""
+    """A tiny Qwen3 (its config has ``layer_types``, so static-cache masks come as a dict) on ``meta``: the probes
+    read shapes and devices only. No weight is drawn, so the user's random state is left as it was: the probe runs
+    inside the user's first ``generate()``, after a ``torch.manual_seed`` that its sampling relies on."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(vocab_size=16, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=PROBE_KV_HEADS, head_dim=8,
                          max_position_embeddings=32)
-    with torch.device("cpu"):
+    with torch.device("meta"):
         return Qwen3ForCausalLM(config).eval()
 
 
@@ -245,10 +247,10 @@ def verdict() -> Verdict:
 
             with unset_fake_temporarily():  # the first generate() may run under a caller's FakeTensorMode
                 found = Verdict(_probed(_probe_masks, GenerationMixin), _probed(_probe_tp_heads, GenerationMixin))
-            status = found.combined()
-            level = logging.WARNING if State.FAILED in (found.masks.state, found.tp_heads.state) else logging.INFO
-            log.log(level, "MiniMax Hotfix: %s: %s (%s)", FIX_ID, status.state.value, status.reason)
             _verdict = found
+            # The registry logs a status when it changes and would log the verdict again the next time it asks
+            # (detect() now answers with it), so the verdict goes to the log through the registry, once.
+            status(FIX)
         return _verdict
 
 
@@ -273,14 +275,25 @@ def _always(half: str) -> bool:
 
 # -- the wrappers -----------------------------------------------------------------------------------------------
 
+def _main_input(arguments: dict, model_inputs: dict):
+    """The input whose device decides whether ``prepare_inputs_for_generation`` moves the rest (the embeddings where
+    this step uses them, else the ids), as the caller passed it: the returned one has already been moved."""
+    return arguments.get("inputs_embeds") if "inputs_embeds" in model_inputs else arguments.get("input_ids")
+
+
 def _prepare_inputs_wrapper(original, repairing=_repairing):
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def prepare_inputs_for_generation(self, *args, **kwargs):
         model_inputs = original(self, *args, **kwargs)
         if not repairing("masks"):
             return model_inputs
         device = self.device
-        if device.type == "meta":  # transformers itself never moves inputs to a meta model
+        main_input = _main_input(signature.bind_partial(self, *args, **kwargs).arguments, model_inputs)
+        # Upstream's condition (5.20.2+): inputs are moved only when the main one is off the model device; a caller
+        # may keep them elsewhere on purpose (Neuron/TPU), and transformers never moves inputs to a meta model.
+        if device.type == "meta" or main_input is None or main_input.device == device:
             return model_inputs
         for key, value in model_inputs.items():
             if isinstance(value, (dict, list, tuple)):

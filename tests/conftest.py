@@ -1,5 +1,6 @@
 """Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
-``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it)."""
+``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
+``registry`` fixture and ``fresh_detection``."""
 
 import os
 import sys
@@ -38,4 +39,15 @@ def registry(monkeypatch):
         return fixes
 
     yield use
+    patches.forget_detection()
+
+
+@pytest.fixture
+def fresh_detection(monkeypatch):
+    """Every fix detected afresh, with the off switch unset; forgotten again after the test."""
+    from minimax_hotfix import patches
+
+    monkeypatch.delenv(patches.DISABLE_ENV, raising=False)
+    patches.forget_detection()
+    yield
     patches.forget_detection()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from minimax_hotfix import patches
 from minimax_hotfix.patches._fix import Check, Fix, State, Status
 from minimax_hotfix.patches._report import run_doctor
 

@@ -41,12 +41,7 @@ indexing_form = pytest.mark.skipif(FORM != fix.INDEXING_FORM,
 SAME_DEVICE = "Expected all tensors to be on the same device|is not on the expected device"
 
 
-@pytest.fixture(autouse=True)
-def fresh_detection(monkeypatch):
-    monkeypatch.delenv(patches.DISABLE_ENV, raising=False)
-    patches.forget_detection()
-    yield
-    patches.forget_detection()
+pytestmark = pytest.mark.usefixtures("fresh_detection")
 
 
 class Holder(torch.nn.Module):

@@ -353,6 +353,69 @@ def test_affected_cpu_token_ids_equal_the_on_device_run(name, installed, monkeyp
 
 
 @affected_only
+def test_affected_inputs_already_on_the_model_device_are_left_alone(installed, monkeypatch):
+    """Upstream's condition (5.20.2+): nothing is moved when the main input is on the model device already. Red
+    control: with the main input off the device (the model reports ``cpu:0``) the same masks are moved."""
+    calls = []
+    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
+    assert calls == [], "the shim moved inputs that were on the model device already"
+    reported_on(tiny_qwen3(), torch.device("cpu", 0)).generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
+    assert len(calls) == GENERATE["max_new_tokens"]
+
+
+SAMPLED = dict(GENERATE, do_sample=True, max_new_tokens=8)
+
+
+def seeded_ids(model) -> list[int]:
+    """A user's seeded sampling run: ``torch.manual_seed(7); model.generate(..., do_sample=True)``."""
+    torch.manual_seed(7)
+    return model.generate(input_ids=PROMPT[:1], attention_mask=PADDED[:1], **SAMPLED)[0, PROMPT.shape[1]:].tolist()
+
+
+def first_use_and_later_ids(monkeypatch) -> tuple[list[int], list[int], list[int]]:
+    """Seeded ids of the first generate() after start-up (it runs the probe), of the second, and without the pack."""
+    model = tiny_qwen3()
+    monkeypatch.setattr(shim, "_verdict", None)
+    shim.FIX.install()
+    try:
+        first, second = seeded_ids(model), seeded_ids(model)
+        assert shim._verdict is not None, "the first generate() did not probe"
+    finally:
+        shim.FIX.uninstall()
+    print(f"first call after start-up: {first}\nsecond call:               {second}")
+    return first, second, seeded_ids(model)
+
+
+@affected_only
+def test_affected_seeded_generate_is_the_same_on_first_use(monkeypatch):
+    first, second, without_pack = first_use_and_later_ids(monkeypatch)
+    assert first == second == without_pack
+
+
+@affected_only
+def test_affected_seeded_generate_red_with_a_probe_on_the_global_generator(monkeypatch):
+    """Red control: the probe model built as before, with weights drawn from the global generator on the CPU."""
+    config = shim._probe_model().config
+    monkeypatch.setattr(shim, "_probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
+    first, second, without_pack = first_use_and_later_ids(monkeypatch)
+    assert first != second == without_pack
+
+
+@affected_only
+def test_affected_verdict_is_logged_once(installed, monkeypatch, caplog):
+    monkeypatch.setattr(shim, "_verdict", None)
+    patches.forget_detection()
+    caplog.set_level("INFO", logger="minimax_hotfix")
+    assert patches.status(shim.FIX).provisional  # as at pack load
+    tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
+    status_rows()  # the Status node asks again
+    patches.status(shim.FIX)
+    verdicts = [record.getMessage() for record in caplog.records if "nested masks:" in record.getMessage()]
+    assert len(verdicts) == 1, verdicts
+
+
+@affected_only
 @pytest.mark.parametrize("plan, buggy, fixed", [(COLWISE_KV, 1, 1), (GATHERED_KV, 1, 2), (MLP_ONLY, 1, 2)])
 def test_affected_tp_heads_divided_only_for_colwise_kv(plan, buggy, fixed):
     """No distributed init: ``_tp_size=2`` and a plan on a tiny Qwen3 with 2 KV heads. Colwise k/v is the control

@@ -27,7 +27,7 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
-from workflow_api import (FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, WidgetMismatch, load,  # noqa: E402
+from workflow_api import (FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, load,  # noqa: E402
                           ui_to_api)
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
