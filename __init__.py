@@ -18,9 +18,9 @@ except ImportError:
     NODE_CLASS_MAPPINGS: dict = {}
     NODE_DISPLAY_NAME_MAPPINGS: dict = {}
 else:
+    from .api import attach_to_transformers_model, detach_from_transformers_model  # noqa: F401  (public)
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-    from .patches import install_process_fixes
-    from .patches.transformers_qwen3vl_pos_embed import attach_to_transformers_model, detach_from_transformers_model
+    from .registry import install_process_fixes
 
     sys.modules.setdefault("minimax_hotfix", sys.modules[__name__])
     install_process_fixes()

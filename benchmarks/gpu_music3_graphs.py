@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
-from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, capture_allowed_on  # noqa: E402
-from minimax_hotfix.kernels.tiny_decoder import (CudaGraphs, HostWeightLinear, TinyConfig, build_decoder,  # noqa: E402
+from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on  # noqa: E402
+from minimax_hotfix.diagnostics.tiny_decoder import (CudaGraphs, HostWeightLinear, TinyConfig, build_decoder,  # noqa: E402
                                                  decode_hidden_states)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

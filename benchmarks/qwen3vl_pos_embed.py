@@ -74,7 +74,7 @@ def transformers_resident():
     from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    from minimax_hotfix.patches import transformers_qwen3vl_pos_embed as fix
+    from minimax_hotfix import api
 
     config = Qwen3VLVisionConfig(depth=2, hidden_size=256, intermediate_size=512, num_heads=4, in_channels=3,
                                  patch_size=16, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=256,
@@ -82,11 +82,11 @@ def transformers_resident():
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tower = Qwen3VLVisionModel(config).eval()
-    report_resident(f"transformers {transformers.__version__}", tower, fix.attach_to_transformers_model)
+    report_resident(f"transformers {transformers.__version__}", tower, api.attach_to_transformers_model)
 
 
 def comfyui_resident_and_offloaded():
-    from minimax_hotfix.patches._comfy import use_comfyui_checkout
+    from minimax_hotfix.registry.comfy import use_comfyui_checkout
 
     if use_comfyui_checkout() is None:
         print("ComfyUI tower: skipped (set COMFYUI_PATH)")

@@ -24,11 +24,11 @@ from doctor import load_pack  # noqa: E402
 
 load_pack()
 from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act  # noqa: E402
-from minimax_hotfix.kernels.resident_copies import HostToDeviceCopies  # noqa: E402
+from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
-from minimax_hotfix.patches._comfy import use_comfyui_checkout  # noqa: E402
-from minimax_hotfix.patches._fix import State  # noqa: E402
-from minimax_hotfix.patches._kitchen import real_kitchen_routing  # noqa: E402
+from minimax_hotfix.registry.comfy import use_comfyui_checkout  # noqa: E402
+from minimax_hotfix.registry.contract import State  # noqa: E402
+from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing  # noqa: E402
 
 FIX = vae_qk_norm_scale.FIX
 H3_DECODER_BUFFERS = 36 + 2  # one qk_norm_scale per block, the rotary inv_freq, mask_token
@@ -72,7 +72,7 @@ def overhead(vae, rounds: int) -> None:
         for round_ in range(rounds):
             order = (False, True) if round_ % 2 == 0 else (True, False)
             for with_fix in order:
-                handles = FIX.install(model) if with_fix else []
+                handles = FIX.hook_loaded_model(model) if with_fix else []
                 (fixed if with_fix else plain).append(timed(decode))
                 for handle in handles:
                     handle.remove()

@@ -10,23 +10,16 @@ half-captured allocations then abort the process. A unit's forward makes such co
   the unit computes on the GPU, so it is copied over on every call.
 
 Everything else (plain, fp8/int8 ``QuantizedTensor``, GGUF F32/F16/BF16/Q8_0, vbar-streamed weights, whose capture
-the core already limits to fully resident blocks) is capturable. ``emulated_capture`` applies the same rule on a CPU
-build, where ``torch.cuda.graph`` does not exist, so the decision can be checked without a GPU.
+the core already limits to fully resident blocks) is capturable. diagnostics/emulated_capture.py applies the same rule
+on a CPU build, where ``torch.cuda.graph`` does not exist, so the decision can be checked without a GPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-
-CAPTURE_HOST_COPY_ERROR = (
-    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned."
-)
 
 # GGML tensor types (the GGUF file format's ids) whose ComfyUI-GGUF dequantization is a pure on-device computation.
 # Every other quantized type (Q4_0/Q4_1/Q5_x, the K-quants, IQ4) shifts nibbles by tables created from Python lists
@@ -84,53 +77,3 @@ def decide_unit(roots: Iterable[torch.nn.Module], device) -> UnitDecision:
         if device.type != "cpu" and not streamed and is_pageable_host_tensor(tensor):
             return UnitDecision(False, f"{name} stays in unpinned host memory and is copied to {device} on every call")
     return UnitDecision(True, "all weights are on the device, pinned, or streamed by the dynamic-VRAM allocator")
-
-
-def capture_allowed_on(device):
-    """``decide_unit`` as a graph runner's ``capture_allowed(module)``, for units of one root module."""
-    return lambda unit: decide_unit((unit,), device).capture
-
-
-def _refuse_host_copy(source, target) -> None:
-    if target is not None and torch.device(target).type != "cpu":
-        if not isinstance(source, torch.Tensor) or is_pageable_host_tensor(source):
-            raise RuntimeError(CAPTURE_HOST_COPY_ERROR)
-
-
-class _HostDataRule(TorchFunctionMode):
-    """``torch.tensor(<Python data>, device=gpu)`` stages the data in pageable host memory, then copies it over."""
-
-    def __init__(self, host_data_is_copy):
-        super().__init__()
-        self.host_data_is_copy = host_data_is_copy
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.tensor, torch.as_tensor):
-            data = args[0] if args else kwargs.get("data")
-            if self.host_data_is_copy and not isinstance(data, torch.Tensor):
-                raise RuntimeError(CAPTURE_HOST_COPY_ERROR)
-            _refuse_host_copy(data, kwargs.get("device"))
-        return func(*args, **kwargs)
-
-
-class _HostCopyRule(TorchDispatchMode):
-    """A pageable host tensor copied to the device, by ``.to()``/``copy_`` or inside any op."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
-            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
-            target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
-            if isinstance(source, torch.Tensor):
-                _refuse_host_copy(source, target)
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def emulated_capture(host_data_is_copy=False):
-    """Stream-capture rules for host copies, on any build. On a CPU build, ``meta`` tensors stand in for the
-    capturing GPU (FakeTensor ``cuda`` cannot run in-place methods there); for code that must run on real CPU
-    tensors, ``host_data_is_copy`` counts every tensor made from Python data as the host copy it is on a GPU."""
-    with _HostDataRule(host_data_is_copy), _HostCopyRule():
-        yield

@@ -8,11 +8,16 @@
 * ``DequantizedLinear``: a layer's replacement ``forward``: the layer's own (fused int8) forward where the input's
   device has int8 compute, ``F.linear`` with the cached dequantized weight where it has not.
 
+* ``DequantizedInt8Linear``, ``diverting_linear_input_act``, ``has_int8_gemm_weight``, ``tiny_int8_linear``: the same
+  for ComfyUI's int8 layers, with the running core's modules (``comfy.ops``, ...) passed in.
+
 No ComfyUI imports here.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 import weakref
 from typing import Callable
@@ -20,6 +25,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .tensor_versions import tensor_versions
+
+# Layouts whose comfy-kitchen kernels multiply with torch._int_mm (ConvRot W4A4 multiplies in floating point).
+INT8_GEMM_LAYOUTS = frozenset({"TensorWiseINT8Layout", "AsymW4A8Int8Layout"})
+# Set on each diverted layer (its fallback object) and on the linear_input_act wrapper (the wrapper itself, so it is
+# still found under a wrapper another pack puts on top with functools.wraps, which copies the attribute).
+MARK = "_minimax_hotfix_int8_fallback"
 # CUDA's _int_mm wants more than 16 rows and inner/outer sizes that are multiples of 8; 32 satisfies every backend.
 _PROBE_SIZE = 32
 
@@ -55,17 +67,6 @@ def _probe_int_mm(device: torch.device) -> bool:
         return False
 
 
-def _versions(tensor: torch.Tensor) -> tuple[int, ...]:
-    """Version counters of ``tensor`` and, for a wrapper subclass such as a QuantizedTensor, of the tensors it wraps:
-    an in-place write (``copy_`` into the int8 payload, a requantize) moves at least one of them."""
-    counters = [tensor._version]
-    flatten = getattr(tensor, "__tensor_flatten__", None)
-    if flatten is not None:
-        names, _ = flatten()
-        counters += [getattr(tensor, name)._version for name in names]
-    return tuple(counters)
-
-
 class DequantizedWeightCache:
     """One layer's weight, dequantized to the compute dtype, kept until ComfyUI changes the weight.
 
@@ -87,7 +88,7 @@ class DequantizedWeightCache:
         self._weight: torch.Tensor | None = None
 
     def get(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        stamp = (weight.device, dtype, _versions(weight))
+        stamp = (weight.device, dtype, tensor_versions(weight))
         if self._weight is not None and self._source() is weight and self._stamp == stamp:
             return self._weight
         self.clear()  # free the stale copy before making the new one
@@ -139,3 +140,93 @@ class DequantizedLinear:
     def dequantized_linear(self, x, weight, bias):
         """``weight`` and ``bias`` already on ``x``'s device."""
         return F.linear(x, self.weights.get(weight, x.dtype), None if bias is None else bias.to(x.dtype))
+
+
+class DequantizedInt8Linear(DequantizedLinear):
+    """One ComfyUI int8 layer computed as ``F.linear(x, dequantized weight, bias)`` where ``x``'s device has no int8
+    GEMM, in ``forward`` and in ``linear_input_act``."""
+
+    def __init__(self, layer, ops, rmsnorm, may_keep):
+        self.ops, self.rmsnorm = ops, rmsnorm  # comfy.ops and comfy.rmsnorm of the running core
+        super().__init__(layer, dequantizer(ops.QuantizedTensor), may_keep)
+
+    def linear_input_act(self, x, input_act, act_weight=None, act_eps=0.0, residual=None, residual_scale=None):
+        """``linear_input_act`` with its activation applied eagerly, as the core's own non-int8 path does."""
+        out = self.linear(self._activate(x, input_act, act_weight, act_eps))
+        if residual is None:
+            return out
+        return residual + out if residual_scale is None else torch.addcmul(residual, out, residual_scale)
+
+    def linear(self, x):
+        self.ops.run_every_op()  # the stock forward's interrupt check
+        layer = self.layer
+        weight, bias = layer.weight, layer.bias
+        if (layer.weight_function or layer.bias_function or weight.device != x.device
+                or (bias is not None and bias.device != x.device)):
+            return self._linear_cast_per_call(x)
+        return self.dequantized_linear(x, weight, bias)
+
+    def _linear_cast_per_call(self, x):
+        """An offloaded weight is streamed in and an on-the-fly LoRA applied by ComfyUI's cast on every call, so there
+        is no resident weight to cache; keeping a dequantized copy on the compute device would also undo the offload."""
+        weight, bias, offload_stream = self.ops.cast_bias_weight(self.layer, x, offloadable=True)
+        try:
+            return F.linear(x, self.dequantize(weight, x.dtype), bias)
+        finally:
+            self.ops.uncast_bias_weight(self.layer, weight, bias, offload_stream)
+
+    def _activate(self, x, input_act, act_weight, act_eps):
+        if input_act in (None, "none"):
+            return x
+        if input_act == "rms_norm":
+            return self.rmsnorm.rms_norm(x, act_weight, act_eps)
+        return self.ops.INPUT_ACT_EAGER[input_act](x)
+
+
+def diverting_linear_input_act(stock):
+    """``stock`` for every layer except those a fixed model marked, and for those too where int8 compute exists."""
+
+    @functools.wraps(stock)
+    def linear_input_act(linear, x, input_act, *args, **kwargs):
+        fallback = linear.__dict__.get(MARK)
+        if fallback is None or int8_compute_available(x.device):
+            return stock(linear, x, input_act, *args, **kwargs)
+        return fallback.linear_input_act(x, input_act, *args, **kwargs)
+
+    setattr(linear_input_act, MARK, linear_input_act)
+    return linear_input_act
+
+
+def has_int8_gemm_weight(module, quantized_tensor) -> bool:
+    """A Linear-shaped layer (not an Embedding, not an expert bank) whose weight comfy-kitchen multiplies in int8."""
+    weight = module._parameters.get("weight")
+    return (isinstance(weight, quantized_tensor) and weight._layout_cls in INT8_GEMM_LAYOUTS and weight.dim() == 2
+            and hasattr(module, "in_features") and not hasattr(module, "num_experts"))
+
+
+def tiny_int8_linear(ops, in_features: int, out_features: int, device="cpu", **options):
+    """A bias-free ``int8_tensorwise`` Linear of the running core built with ``mixed_precision_ops(..., **options)``,
+    loaded from a state dict as checkpoints are."""
+    generator = torch.Generator().manual_seed(0)
+    quantized = ops.QuantizedTensor.from_float(
+        torch.randn(out_features, in_features, generator=generator), "TensorWiseINT8Layout")
+    layer = ops.mixed_precision_ops({}, torch.float32, **options).Linear(
+        in_features, out_features, bias=False, device=device)
+    config = torch.tensor(list(json.dumps({"format": "int8_tensorwise"}).encode()), dtype=torch.uint8)
+    layer.load_state_dict({"weight": quantized._qdata, "weight_scale": quantized._params.scale,
+                           "comfy_quant": config}, strict=False)
+    if not isinstance(layer.weight, ops.QuantizedTensor):
+        raise RuntimeError("an int8_tensorwise state dict no longer loads as a QuantizedTensor weight")
+    return layer
+
+
+def matches(result: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Equal within fp32 rounding; int8 activation rounding is ~1e-3 of the output scale, 100x above this."""
+    return bool((result - reference).abs().max() <= 1e-5 * reference.abs().max())
+
+
+def outcome(call, raised=(NotImplementedError, RuntimeError)):
+    try:
+        return call()
+    except raised as exc:
+        return exc

@@ -4,7 +4,7 @@
 * ``track_compute_device`` / ``compute_device`` (``computing_on`` for tests): the device a module computes on,
   recorded per call. It lives in a ContextVar frame that the module's own forward opens and closes, so two jobs
   in two threads (each thread has its own context) never see each other's device, and nothing is stored on the
-  shared module. ``remove_handles`` takes the hooks (and any other ``.remove()`` handles) off again.
+  shared module.
 * ``interpolated_position_table``: the bilinear resampling of the square learned position table to each image's
   patch grid (``grid_shapes`` reads that from a ``grid_thw`` tensor), computed on a device the caller chooses,
   with the same float operations as the towers' own method.
@@ -95,12 +95,6 @@ def track_compute_device(module: torch.nn.Module, input_name: str, refine_from: 
 
         handles.append(refine_from.register_forward_hook(refine))
     return handles
-
-
-def remove_handles(handles) -> None:
-    """Remove ``handles`` newest first, so attribute overrides stacked on one name restore the original."""
-    for handle in reversed(handles):
-        handle.remove()
 
 
 def grid_shapes(grid_thw: torch.Tensor) -> list[tuple[int, int, int]]:

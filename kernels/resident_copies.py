@@ -10,23 +10,19 @@ from __future__ import annotations
 from typing import Hashable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-
-def _version(tensor: torch.Tensor) -> int:
-    # Inference tensors (ComfyUI builds and moves models under inference_mode) keep no version counter.
-    return -1 if tensor.is_inference() else tensor._version
+from .tensor_versions import tensor_versions
 
 
 class ResidentCopies:
     def __init__(self):
-        self._copies: dict[tuple[Hashable, torch.device], tuple[torch.Tensor, int, torch.Tensor]] = {}
+        self._copies: dict[tuple[Hashable, torch.device], tuple[torch.Tensor, tuple, torch.Tensor]] = {}
 
     def on(self, key: Hashable, source: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``source`` on ``device``: the stored copy while ``source`` is the same, unmodified tensor, else a new one."""
         slot = (key, device)
         entry = self._copies.get(slot)
-        version = _version(source)
+        version = tensor_versions(source)
         if entry is not None and entry[0] is source and entry[1] == version:
             return entry[2]
         # The copy outlives the inference_mode block it may be made in; an inference tensor could not be used
@@ -38,33 +34,3 @@ class ResidentCopies:
 
     def clear(self) -> None:
         self._copies.clear()
-
-
-class HostToDeviceCopies(TorchDispatchMode):
-    """Counts, while active, the copies from a CPU tensor to another device (``.to()`` and ``copy_``), keeping
-    the source tensors so a caller can tell which were model buffers."""
-
-    def __init__(self):
-        super().__init__()
-        self.sources: list[torch.Tensor] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func is torch.ops.aten._to_copy.default:
-            source, target = args[0], out
-        elif func is torch.ops.aten.copy_.default:
-            target, source = args[0], args[1]
-        else:
-            return out
-        if source.device.type == "cpu" and target.device.type != "cpu":
-            self.sources.append(source)
-        return out
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def made_from(self, tensors) -> int:
-        """How many of the counted copies were made from one of ``tensors`` (by identity)."""
-        wanted = {id(t) for t in tensors}
-        return sum(id(source) in wanted for source in self.sources)

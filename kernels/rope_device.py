@@ -87,3 +87,17 @@ def device_aligned(fn: Callable, on_align: Callable[[str, str, torch.device, tor
 def unaligned(fn: Callable) -> Callable:
     """The function a ``device_aligned`` wrapper wraps, or ``fn`` itself when it is not such a wrapper."""
     return fn.__wrapped__ if fn in _wrappers else fn
+
+
+def unaligned_kitchen(name: str):
+    """``comfy_kitchen.<name>`` as kitchen defines it, past any ``device_aligned`` wrapper installed in this process
+    (detection and red controls must reach kitchen itself)."""
+    import comfy_kitchen
+
+    return unaligned(getattr(comfy_kitchen, name))
+
+
+def is_device_mismatch(exc: BaseException) -> bool:
+    """The error torch raises when one op mixes devices (CUDA, FakeTensor "cuda", meta and CPU wordings)."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("same device" in text or "on the expected device" in text)

@@ -10,72 +10,100 @@ import copy
 
 import nodes as comfy_nodes
 
-from .. import patches
-from ..patches._report import status_table
+from .. import registry
+from ..registry.contract import Target
+from ..registry.status_table import status_table
 
 CATEGORY = "MiniMax Hotfix"
 
 
-def _patcher(target: str, obj):
-    return obj if target == "model" else obj.patcher
+def _patcher(target: Target, obj):
+    return obj if target is Target.MODEL else obj.patcher
 
 
-def _fixed_loader(node_id: str, stock, target: str, display: str):
-    """A subclass of a stock loader whose load function runs the stock one, then attaches the fixes."""
-
-    def load(self, *args, **kwargs):
-        loaded = getattr(stock, stock.FUNCTION)(self, *args, **kwargs)
-        patches.attach_fixes(_patcher(target, loaded[0]), target)
-        return loaded
-
-    return type(
-        node_id,
-        (stock,),
-        {
-            stock.FUNCTION: load,
-            "CATEGORY": CATEGORY,
-            "DESCRIPTION": f"Loads exactly like the stock {stock.__name__}, then attaches the MiniMax Hotfix fixes "
-            f"that this ComfyUI needs. {getattr(stock, 'DESCRIPTION', '')}".strip(),
-        },
-    ), display
+def _loaded_with_fixes(target: Target, loaded: tuple) -> tuple:
+    registry.attach_fixes(_patcher(target, loaded[0]), target)
+    return loaded
 
 
-def _copy_with_fixes(target: str, obj):
-    """A copy that other branches of the graph do not see: MODEL/CLIP via clone(), VAE via a new patcher."""
-    if target == "vae":
-        fixed = copy.copy(obj)
-        fixed.patcher = obj.patcher.clone()
-    else:
-        fixed = obj.clone()
-    patches.attach_fixes(_patcher(target, fixed), target)
-    return fixed
+def _loader_description(stock) -> str:
+    return (f"Loads exactly like the stock {stock.__name__}, then attaches the MiniMax Hotfix fixes that this ComfyUI "
+            f"needs. {getattr(stock, 'DESCRIPTION', '')}").strip()
 
 
-def _apply_node(node_id: str, target: str, io_type: str):
-    """A pass-through node: ``target`` input in, the same object with the fixes attached out."""
+class MiniMaxHotfixVAELoader(comfy_nodes.VAELoader):
+    CATEGORY = CATEGORY
+    DESCRIPTION = _loader_description(comfy_nodes.VAELoader)
+
+    def load_vae(self, *args, **kwargs):
+        return _loaded_with_fixes(Target.VAE, super().load_vae(*args, **kwargs))
+
+
+class MiniMaxHotfixCLIPLoader(comfy_nodes.CLIPLoader):
+    CATEGORY = CATEGORY
+    DESCRIPTION = _loader_description(comfy_nodes.CLIPLoader)
+
+    def load_clip(self, *args, **kwargs):
+        return _loaded_with_fixes(Target.CLIP, super().load_clip(*args, **kwargs))
+
+
+class MiniMaxHotfixUNETLoader(comfy_nodes.UNETLoader):
+    CATEGORY = CATEGORY
+    DESCRIPTION = _loader_description(comfy_nodes.UNETLoader)
+
+    def load_unet(self, *args, **kwargs):
+        return _loaded_with_fixes(Target.MODEL, super().load_unet(*args, **kwargs))
+
+
+class _ApplyFixes:
+    """A pass-through node: the ``TARGET`` input in, a copy with the fixes attached out, which other branches of the
+    graph do not see (MODEL/CLIP via clone(), VAE via a new patcher)."""
+
+    TARGET: Target
+    IO_TYPE: str
+    FUNCTION = "apply"
+    CATEGORY = CATEGORY
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {cls.TARGET.value: (cls.IO_TYPE,)}}
 
     def apply(self, **inputs):
-        return (_copy_with_fixes(target, inputs[target]),)
+        original = inputs[self.TARGET.value]
+        if self.TARGET is Target.VAE:
+            fixed = copy.copy(original)
+            fixed.patcher = original.patcher.clone()
+        else:
+            fixed = original.clone()
+        registry.attach_fixes(_patcher(self.TARGET, fixed), self.TARGET)
+        return (fixed,)
 
-    return type(
-        node_id,
-        (),
-        {
-            "INPUT_TYPES": classmethod(lambda cls: {"required": {target: (io_type,)}}),
-            "RETURN_TYPES": (io_type,),
-            "FUNCTION": "apply",
-            "CATEGORY": CATEGORY,
-            "DESCRIPTION": f"Attaches the MiniMax Hotfix fixes to a {io_type} from any loader (GGUF and other "
-            "third-party loaders included). The input object itself is left unchanged.",
-            "apply": apply,
-        },
-    )
+
+def _apply_description(io_type: str) -> str:
+    return (f"Attaches the MiniMax Hotfix fixes to a {io_type} from any loader (GGUF and other third-party loaders "
+            "included). The input object itself is left unchanged.")
+
+
+class MiniMaxHotfixApplyVAE(_ApplyFixes):
+    TARGET, IO_TYPE, RETURN_TYPES = Target.VAE, "VAE", ("VAE",)
+    DESCRIPTION = _apply_description("VAE")
+
+
+class MiniMaxHotfixApplyCLIP(_ApplyFixes):
+    TARGET, IO_TYPE, RETURN_TYPES = Target.CLIP, "CLIP", ("CLIP",)
+    DESCRIPTION = _apply_description("CLIP")
+
+
+class MiniMaxHotfixApplyModel(_ApplyFixes):
+    TARGET, IO_TYPE, RETURN_TYPES = Target.MODEL, "MODEL", ("MODEL",)
+    DESCRIPTION = _apply_description("MODEL")
 
 
 class MiniMaxHotfixStatus:
     DESCRIPTION = "Shows, for this ComfyUI, each MiniMax Hotfix fix: applied, fixed upstream, not applicable, " \
                   "not affected, failed (its import, detection or target code broke) or disabled (switched off by " \
-                  "MINIMAX_HOTFIX_DISABLE), with the reason."
+                  "MINIMAX_HOTFIX_DISABLE), with the reason; then, per fix, the upstream change that makes it " \
+                  "obsolete and when its file can be deleted."
     CATEGORY = CATEGORY
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("report",)
@@ -95,17 +123,17 @@ class MiniMaxHotfixStatus:
         return {"ui": {"text": [table]}, "result": (table,)}
 
 
-_LOADERS = [
-    _fixed_loader("MiniMaxHotfixVAELoader", comfy_nodes.VAELoader, "vae", "Load VAE (MiniMax Hotfix)"),
-    _fixed_loader("MiniMaxHotfixCLIPLoader", comfy_nodes.CLIPLoader, "clip", "Load CLIP (MiniMax Hotfix)"),
-    _fixed_loader("MiniMaxHotfixUNETLoader", comfy_nodes.UNETLoader, "model", "Load Diffusion Model (MiniMax Hotfix)"),
-]
-_APPLIERS = [
-    (_apply_node("MiniMaxHotfixApplyVAE", "vae", "VAE"), "Apply MiniMax Hotfix (VAE)"),
-    (_apply_node("MiniMaxHotfixApplyCLIP", "clip", "CLIP"), "Apply MiniMax Hotfix (CLIP)"),
-    (_apply_node("MiniMaxHotfixApplyModel", "model", "MODEL"), "Apply MiniMax Hotfix (MODEL)"),
-]
-_ALL = _LOADERS + _APPLIERS + [(MiniMaxHotfixStatus, "MiniMax Hotfix Status")]
-
-NODE_CLASS_MAPPINGS = {cls.__name__: cls for cls, _ in _ALL}
-NODE_DISPLAY_NAME_MAPPINGS = {cls.__name__: display for cls, display in _ALL}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "MiniMaxHotfixVAELoader": "Load VAE (MiniMax Hotfix)",
+    "MiniMaxHotfixCLIPLoader": "Load CLIP (MiniMax Hotfix)",
+    "MiniMaxHotfixUNETLoader": "Load Diffusion Model (MiniMax Hotfix)",
+    "MiniMaxHotfixApplyVAE": "Apply MiniMax Hotfix (VAE)",
+    "MiniMaxHotfixApplyCLIP": "Apply MiniMax Hotfix (CLIP)",
+    "MiniMaxHotfixApplyModel": "Apply MiniMax Hotfix (MODEL)",
+    "MiniMaxHotfixStatus": "MiniMax Hotfix Status",
+}
+NODE_CLASS_MAPPINGS = {
+    cls.__name__: cls
+    for cls in (MiniMaxHotfixVAELoader, MiniMaxHotfixCLIPLoader, MiniMaxHotfixUNETLoader, MiniMaxHotfixApplyVAE,
+                MiniMaxHotfixApplyCLIP, MiniMaxHotfixApplyModel, MiniMaxHotfixStatus)
+}

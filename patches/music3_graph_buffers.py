@@ -31,16 +31,11 @@ from __future__ import annotations
 
 import inspect
 
-import torch
-
-from ..kernels.static_buffers import StaticBufferPool, tensor_key, with_decode_buffers
-from ..kernels.tiny_decoder import SMALL_CONFIG, CudaGraphs, EmulatedGraphs, build_decoder, decode_hidden_states
-from ._comfy import comfy_module
-from ._devices import real_accelerator
-from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
+from ..kernels.static_buffers import StaticBufferPool, with_decode_buffers
+from ..registry.comfy import comfy_module, is_music3_text_encoder
+from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 FIX_ID = "music3_graph_buffers"
-SELF_TEST_STEPS = 8
 
 
 def cuda_graphs_disabled() -> bool:
@@ -48,19 +43,15 @@ def cuda_graphs_disabled() -> bool:
     return bool(getattr(args, "disable_cuda_graphs", False))
 
 
-def music3_decoder(text_encoder):
-    """The ``Llama2_`` of a MiniMax Music 3 text encoder, or None for any other model."""
-    ar = comfy_module("comfy.ldm.minimax_music.ar")
-    if ar is None or not isinstance(text_encoder, ar.MiniMaxMusic3AR):
-        return None
-    return text_encoder.model
-
-
 class Music3GraphBuffers(Fix):
     id = FIX_ID
     title = "MiniMax Music 3: static decode buffers for CUDA-graph replay (no more pure noise)"
-    targets = ("clip",)
+    targets = (Target.CLIP,)
     upstream = "Comfy-Org/ComfyUI#16222, #16002; fixed by PR #16428"
+    retirement = Retirement(
+        fixed_by="Comfy-Org/ComfyUI PR #16428 (merged 2026-09-20: the AR loop passes init_decode_buffers(...))",
+        delete_when="every supported core has PR #16428 or predates Comfy Compiler #15861 (this fix reads 'fixed "
+                    "upstream' or 'not affected' on all of them)")
 
     def detect(self) -> Status:
         llama = comfy_module("comfy.text_encoders.llama")
@@ -81,51 +72,12 @@ class Music3GraphBuffers(Fix):
         return Status(State.APPLIED, "MiniMaxMusic3AR.generate calls Llama2_ without decode_buffers: graphed decode "
                                      "steps clone the hidden state and replays read stale addresses (#16222)")
 
-    def install(self, text_encoder) -> list:
-        decoder = music3_decoder(text_encoder)
-        if decoder is None:
+    def hook_loaded_model(self, text_encoder) -> list:
+        if not is_music3_text_encoder(text_encoder):
             return []
+        decoder = text_encoder.model  # its Llama2_
         pooled = with_decode_buffers(decoder, decoder.forward, StaticBufferPool(), cuda_graphs_disabled)
         return [AttributeOverride(decoder, "forward", pooled)]
-
-    def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install, self.id))
-
-    def self_test(self):
-        """A tiny Llama-shaped decoder decoded like Music 3's AR loop, graphs off vs per-layer graphs: real CUDA
-        graphs on a GPU, otherwise the CPU stand-in whose replays read the tensors bound at capture."""
-        device = real_accelerator()
-        on_cuda = device is not None and device.type == "cuda"
-        device = device if on_cuda else torch.device("cpu")
-        graphs = (lambda: CudaGraphs(device)) if on_cuda else EmulatedGraphs
-        kind = "CUDA graphs" if on_cuda else "emulated graphs (CPU)"
-        with torch.no_grad():
-            model = build_decoder(SMALL_CONFIG, device)
-            reference = decode_hidden_states(model, SELF_TEST_STEPS, device=device)
-            stale = decode_hidden_states(model, SELF_TEST_STEPS, runner=graphs(), device=device)
-            fixed = decode_hidden_states(model, SELF_TEST_STEPS, runner=graphs(), static_buffers=True, device=device)
-        stale_diff = (stale - reference).abs().max().item()
-        fixed_diff = (fixed - reference).abs().max().item()
-        yield Check(f"red: {kind} without static buffers replay stale addresses", stale_diff > 0,
-                    f"max abs diff vs graphs off {stale_diff:.3g}")
-        yield Check(f"green: {kind} with pooled decode buffers equal graphs off", fixed_diff == 0,
-                    f"max abs diff {fixed_diff:.3g}")
-        yield from pool_checks(device)
-
-
-def pool_checks(device):
-    """Buffer identity across steps and reallocation on a new key."""
-    pool = StaticBufferPool()
-    step = torch.zeros(2, 1, 8, device=device)
-    allocate = lambda: torch.empty_like(step)  # noqa: E731
-    first = pool.reserve("decode", tensor_key(step), allocate)
-    same = all(pool.reserve("decode", tensor_key(step.clone()), allocate).data_ptr() == first.data_ptr()
-               for _ in range(4))
-    yield Check("green: a buffer keeps its address across decode steps", same)
-    halved = step.to(torch.float16)
-    moved = pool.reserve("decode", tensor_key(halved), lambda: torch.empty_like(halved))
-    yield Check("green: a new shape/stride/dtype/device key reallocates", moved.dtype == torch.float16
-                and moved.data_ptr() != first.data_ptr())
 
 
 FIX = Music3GraphBuffers()

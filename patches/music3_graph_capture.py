@@ -33,24 +33,16 @@ dequantizer's shift tables, not the weights); for host-resident weights the GPU 
 from __future__ import annotations
 
 import inspect
-import logging
 import re
 
 import torch
 
-from ..kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, decide_unit
-from ..kernels.tiny_decoder import (SMALL_CONFIG, CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, build_decoder,
-                                    decode_hidden_states, quantize_q4_0)
-from ._comfy import comfy_module
-from ._devices import real_accelerator
-from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
-
-log = logging.getLogger("minimax_hotfix")
+from ..kernels.capture_policy import decide_unit
+from ..registry.comfy import comfy_module, is_music3_text_encoder
+from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log
 
 FIX_ID = "music3_graph_capture"
 GRAPH_GATE = re.compile(r'enable_graph\s*=\s*enable_graph\b[^\n]*getattr\(module,\s*"_v_block",\s*None\)\s*is not None')
-SELF_TEST_STEPS = 6
-GGUF_LAYER = 1
 
 
 def graph_units(text_encoder) -> list[tuple]:
@@ -67,8 +59,13 @@ def compute_device(text_encoder) -> torch.device:
 class Music3GraphCapture(Fix):
     id = FIX_ID
     title = "MiniMax Music 3: no CUDA-graph capture over GGUF / host-resident units, graphs kept elsewhere"
-    targets = ("clip",)
+    targets = (Target.CLIP,)
     upstream = "Comfy-Org/ComfyUI#16002, molbal/ComfyUI-GGUF#17"
+    retirement = Retirement(
+        fixed_by="none known: a core whose graph capture skips units that copy from pageable host memory, or a GGUF "
+                 "dequantizer without host-built shift tables (molbal/ComfyUI-GGUF#17)",
+        delete_when="no supported core captures a Music 3 graph unit whose weights are GGUF Q4_0/K-quant or in "
+                    "unpinned host memory")
 
     def detect(self) -> Status:
         prefetch = comfy_module("comfy.model_prefetch")
@@ -84,9 +81,8 @@ class Music3GraphCapture(Fix):
         return Status(State.APPLIED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
                                      "or host-resident unit fails capture (#16002)")
 
-    def install(self, text_encoder) -> list:
-        ar = comfy_module("comfy.ldm.minimax_music.ar")
-        if ar is None or not isinstance(text_encoder, ar.MiniMaxMusic3AR):
+    def hook_loaded_model(self, text_encoder) -> list:
+        if not is_music3_text_encoder(text_encoder):
             return []
         device = compute_device(text_encoder)
         handles, refused, graphed = [], [], 0
@@ -103,50 +99,6 @@ class Music3GraphCapture(Fix):
             log.info("MiniMax Hotfix: %s: %d Music 3 graph unit(s) run without CUDA graph capture (%s); %d keep "
                      "their graphs", FIX_ID, len(refused), refused[0], graphed)
         return handles
-
-    def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install, self.id))
-
-    def self_test(self):
-        """A tiny Llama-shaped decoder with one GGUF-style Q4_0 layer. CPU: capture rules emulated on ``meta``
-        tensors (the red control on every machine: a real failed capture can abort the process). CUDA: real graphs
-        with the policy, equal to graphs off."""
-        with torch.no_grad():
-            yield from emulated_checks()
-            device = real_accelerator()
-            if device is not None and device.type == "cuda":
-                yield cuda_check(device)
-
-
-def emulated_checks():
-    meta = torch.device("meta")
-    model = build_decoder(SMALL_CONFIG, meta, q4_layers=(GGUF_LAYER,))
-    try:
-        decode_hidden_states(model, SELF_TEST_STEPS, runner=EmulatedGraphs(capture_rules=True), device=meta)
-        error = ""
-    except RuntimeError as exc:
-        error = str(exc)
-    yield Check("red: capturing every unit hits the Q4_0 layer's host copy (emulated capture)",
-                error == CAPTURE_HOST_COPY_ERROR, error or "no error")
-    runner = EmulatedGraphs(capture_allowed=capture_allowed_on(meta), capture_rules=True)
-    decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, device=meta)
-    refused = [index for index, layer in enumerate(model.layers) if layer in runner.refused]
-    yield Check("green: only the Q4_0 unit runs uncaptured, the others keep their graphs",
-                refused == [GGUF_LAYER] and len(runner.graphs) == SMALL_CONFIG.layers - 1,
-                f"uncaptured layers {refused}, captured {len(runner.graphs)}")
-    weight = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
-    yield Check("green: the policy names the reason", "GGUF Q4_0" in decide_unit(
-        [GGUFStyleQ4Linear(quantize_q4_0(weight), weight.shape)], meta).reason)
-
-
-def cuda_check(device):
-    model = build_decoder(SMALL_CONFIG, device, q4_layers=(GGUF_LAYER,))
-    reference = decode_hidden_states(model, SELF_TEST_STEPS, device=device)
-    runner = CudaGraphs(device, capture_allowed=capture_allowed_on(device))
-    graphed = decode_hidden_states(model, SELF_TEST_STEPS, runner=runner, static_buffers=True, device=device)
-    diff = (graphed - reference).abs().max().item()
-    return Check("green: real CUDA graphs with the policy equal graphs off", diff == 0 and len(runner.graphs) ==
-                 SMALL_CONFIG.layers - 1, f"max abs diff {diff:.3g}, captured {len(runner.graphs)} units")
 
 
 FIX = Music3GraphCapture()

@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import Iterable
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import (
-    compute_device, grid_shapes, interpolated_position_table, remove_handles, track_compute_device,
-)
-from ._comfy import comfy_module
-from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
+from ..kernels.qwen3vl_pos_embed import compute_device, grid_shapes, interpolated_position_table, track_compute_device
+from ..registry.comfy import comfy_module
+from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
 
@@ -46,7 +43,7 @@ TINY_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=
 TINY_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
 
 
-def _tower_class():
+def comfy_tower_class():
     module = comfy_module("comfy.text_encoders.qwen35")
     return getattr(module, "Qwen35VisionModel", None)
 
@@ -73,7 +70,7 @@ def _table_on_compute_device(tower, stock):
 
 def install_on_towers(model: torch.nn.Module) -> list:
     """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
-    tower_class = _tower_class()
+    tower_class = comfy_tower_class()
     handles = []
     if tower_class is None:
         return handles
@@ -86,7 +83,7 @@ def install_on_towers(model: torch.nn.Module) -> list:
 
 
 def tiny_tower(dtype=torch.float32, ops=None):
-    """A random tiny ComfyUI Qwen3-VL vision tower on CPU (detect, tests), with ``ops`` or else the stock
+    """A random tiny ComfyUI Qwen3-VL vision tower on CPU (detect, self-test), with ``ops`` or else the stock
     ``manual_cast``; the same weights whatever the ops."""
     import comfy.ops
     from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
@@ -99,26 +96,19 @@ def tiny_tower(dtype=torch.float32, ops=None):
     return tower
 
 
-def tiny_pixels(seed: int = 1) -> torch.Tensor:
-    """Random patch rows for ``TINY_GRID`` (one row per patch: channels x temporal patch x patch²)."""
-    row = TINY_TOWER["in_channels"] * TINY_TOWER["temporal_patch_size"] * TINY_TOWER["patch_size"] ** 2
-    return torch.randn(sum(t * h * w for t, h, w in TINY_GRID), row, generator=torch.Generator().manual_seed(seed))
-
-
-def outputs(output) -> list[torch.Tensor]:
-    """The tower's merged tokens and DeepStack features, as one list."""
-    merged, deepstack = output
-    return [merged, *deepstack]
-
-
 class Qwen3VLPosEmbedFix(Fix):
     id = "qwen3vl_pos_embed"
     title = "ComfyUI Qwen3-VL vision tower: position table interpolated on the compute device"
-    targets = ("clip",)
+    targets = (Target.CLIP,)
     upstream = "no ComfyUI issue (same class: verl-project/verl#5571)"
+    retirement = Retirement(
+        fixed_by="none yet: a core whose Qwen35VisionModel.fast_pos_embed_interpolate builds the table on the "
+                 "activations' device",
+        delete_when="every supported core reads 'fixed upstream' here (fast_pos_embed_interpolate no longer takes its "
+                    "device from pos_embed.weight)")
 
     def detect(self) -> Status:
-        tower_class = _tower_class()
+        tower_class = comfy_tower_class()
         if tower_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
@@ -141,54 +131,8 @@ class Qwen3VLPosEmbedFix(Fix):
                                      "with the weight in CPU RAM (dynamic VRAM, lowvram offload) every image "
                                      "interpolates on the CPU (no crash: forward moves the result)")
 
-    def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(install_on_towers, self.id))
-
-    def self_test(self) -> Iterable[Check]:
-        if _tower_class() is None:
-            return ()
-        from ._devices import real_accelerator
-
-        device = real_accelerator() or torch.device("meta")
-        checks = []
-        tower = tiny_tower()
-        grid = torch.tensor(TINY_GRID)
-        pixels = tiny_pixels()
-        resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
-        with_fix = install_on_towers(tower)
-        try:  # run first, while the tower is all on cpu; printed after the red control and its green
-            all_on_cpu = Check("green: all on cpu, output bit-identical to the stock tower",
-                               all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
-        finally:
-            remove_handles(with_fix)
-
-        gather_devices: list[torch.device] = []
-        spy = tower.pos_embed.register_forward_pre_hook(lambda mod, args: gather_devices.append(args[0].device))
-        weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
-        tower.to(device)
-        tower.pos_embed.weight = weight  # offloaded: the weight stays in CPU RAM
-        try:
-            stock = outputs(tower(pixels.to(device), grid))
-            checks.append(Check(f"red: fix off, pos_embed in CPU RAM, compute on {device.type}: the position "
-                                "gather runs on the CPU", gather_devices == [torch.device("cpu")],
-                                f"gather ran on {[d.type for d in gather_devices]}"))
-            gather_devices.clear()
-            with_fix = install_on_towers(tower)
-            try:
-                fixed = outputs(tower(pixels.to(device), grid))
-            finally:
-                remove_handles(with_fix)
-            same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
-            if device.type != "meta":
-                same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
-            compared = "shapes and devices" if device.type == "meta" else "values"
-            checks.append(Check(f"green: fix on: the gather runs on {device.type}, output {compared} equal to "
-                                "the stock tower's",
-                                gather_devices == [device] and same,
-                                f"gather ran on {[d.type for d in gather_devices]}"))
-        finally:
-            spy.remove()
-        return [*checks, all_on_cpu]
+    def hook_loaded_model(self, model) -> list:
+        return install_on_towers(model)
 
 
 FIX = Qwen3VLPosEmbedFix()

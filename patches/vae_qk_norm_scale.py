@@ -4,8 +4,8 @@ Bug: the decoder's ``Attention`` owns a non-persistent buffer ``qk_norm_scale`` 
 as is to comfy-kitchen's fused ``rms_rope_split_half(_)``. ComfyUI's legacy loader moves only modules that own
 weights, so on any load that is not full (a partially offloaded VAE, ``--novram``/``--disable-dynamic-vram``, XPU,
 ROCm < 7.14) the buffer stays on the CPU while q/k are on the GPU; kitchen routes the call to its eager backend, which
-fails: "RuntimeError: Expected all tensors to be on the same device, but got weight is on cpu, different from other
-tensors on cuda:0 (when checking argument in method wrapper_CUDA___fused_rms_norm)".
+fails:
+RuntimeError: Expected all tensors to be on the same device, but got weight is on cpu, different from other tensors on cuda:0 (when checking argument in method wrapper_CUDA___fused_rms_norm)
 
 Upstream: Comfy-Org/ComfyUI #16390 (regression in 0.36.0, also 0.37.0), #16484 (closed), PR #16391 (open: moves the
 buffer with ``.to(query.device)`` at the call site, a host-to-device copy on every attention call).
@@ -36,17 +36,14 @@ import textwrap
 
 import torch
 
-from ..kernels.resident_copies import HostToDeviceCopies, ResidentCopies
-from ._comfy import comfy_module
-from ._devices import fake_cuda_mode, on_fake_cuda, real_accelerator
-from ._fix import Check, Fix, State, Status, model_injection, set_injection
-from ._kitchen import real_kitchen_routing, red_check, rope_inputs, unaligned_kitchen
+from ..kernels.resident_copies import ResidentCopies
+from ..registry.comfy import comfy_module
+from ..registry.contract import Fix, Retirement, State, Status, Target
 
 FIX_ID = "vae_qk_norm_scale"
 BUFFER = "qk_norm_scale"
 VAE_MODULE = "comfy.ldm.minimax.vae"
 DEVICE_MOVES = frozenset({"to", "cast_to", "cast_to_input", "cast_to_device"})
-LATER_CALLS = 3
 
 
 def hands_raw_buffer(function, attribute: str) -> bool:
@@ -135,24 +132,16 @@ def install_on(modules) -> list:
     return [handle for m in modules for handle in keep_buffers_on_input_device(m, copies)] + [DropCopies(copies)]
 
 
-class UnitScaleRmsRope(torch.nn.Module):
-    """The self-test's stand-in for the VAE's Attention around the bug: owns no weights, only a non-persistent unit
-    RMSNorm scale, which it hands as is to kitchen's fused rms+rope."""
-
-    def __init__(self, head_dim: int, dtype: torch.dtype):
-        super().__init__()
-        self.register_buffer(BUFFER, torch.ones(head_dim, dtype=dtype), persistent=False)
-
-    def forward(self, q, k, table):
-        kernel = unaligned_kitchen("rms_rope_split_half")
-        return kernel(q, k, table, self.qk_norm_scale, rot_dim=table.shape[-3] * 2)
-
-
 class VaeQkNormScale(Fix):
     id = FIX_ID
     title = "MiniMax H3 video VAE: qk_norm_scale on the compute device under partial offload (no per-call copy)"
-    targets = ("vae",)
+    targets = (Target.VAE,)
     upstream = "Comfy-Org/ComfyUI#16390, #16484; PR #16391"
+    retirement = Retirement(
+        fixed_by="Comfy-Org/ComfyUI PR #16391 (open), or any core whose Attention.forward moves qk_norm_scale to the "
+                 "query's device",
+        delete_when="every supported core reads 'fixed upstream' or 'not applicable' here (no Attention.forward hands "
+                    "qk_norm_scale to the kernel as is)")
 
     def detect(self) -> Status:
         vae = comfy_module(VAE_MODULE)
@@ -180,72 +169,9 @@ class VaeQkNormScale(Fix):
         return Status(State.APPLIED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
                                      "that is not full leaves it on the CPU")
 
-    def install(self, model) -> list:
+    def hook_loaded_model(self, model) -> list:
         found = decoders(model, comfy_module(VAE_MODULE))
         return install_on(found) if found else []
-
-    def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(self.install, self.id))
-
-    def self_test(self):
-        """The stand-in module with q/k/table on the device and its buffer left on the CPU: without hooks (red) and
-        with them (green: runs, routed like the all-on-device call, equal to it on a real device, the buffer is back
-        after each call and no host-to-device copy follows the first call)."""
-        device = real_accelerator()
-        if device is not None:
-            return real_device_checks(device)
-        return fake_cuda_checks()
-
-
-def real_device_checks(device) -> list[Check]:
-    q, k, table, _ = rope_inputs(lambda t: t.to(device))
-    module = UnitScaleRmsRope(q.shape[-1], q.dtype)
-    left_behind = module.qk_norm_scale
-    checks = [red_check(lambda: module(q, k, table), f"qk_norm_scale on cpu, q/k on {device}")]
-    with torch.no_grad():
-        reference = UnitScaleRmsRope(q.shape[-1], q.dtype).to(device)(q, k, table)
-        fixed, later_copies = hooked_calls(module, q, k, table)
-    checks.append(Check("green: with the fix the decode step equals the all-on-device one",
-                        all(torch.equal(a, b) for a, b in zip(fixed, reference))))
-    checks.append(bookkeeping_check(module, left_behind, later_copies))
-    return checks
-
-
-def fake_cuda_checks() -> list[Check]:
-    with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
-        q, k, table, _ = rope_inputs(lambda t: on_fake_cuda(mode, t))
-        module = UnitScaleRmsRope(q.shape[-1], q.dtype)
-        left_behind = module.qk_norm_scale
-        red = red_check(lambda: module(q, k, table), "FakeTensor cuda q/k, qk_norm_scale on cpu")
-        red_route = chosen[-1]
-        first_hooked_call = len(chosen)
-        _, later_copies = hooked_calls(module, q, k, table)
-        hooked_routes = chosen[first_hooked_call:]
-    return [red, Check("green: with the fix the calls are routed to the fast backend", red_route == "eager"
-                       and hooked_routes == ["cuda"] * (1 + LATER_CALLS),
-                       f"routes: without {red_route}, with {hooked_routes}"),
-            bookkeeping_check(module, left_behind, later_copies)]
-
-
-def hooked_calls(module, *inputs):
-    """``module`` called with the fix's hooks on: the first call's output, and the host-to-device copies made by
-    ``LATER_CALLS`` more calls (the resident copies should make them none). The hooks are removed afterwards."""
-    handles = install_on([module])
-    try:
-        first = module(*inputs)
-        with HostToDeviceCopies() as later_copies:
-            for _ in range(LATER_CALLS):
-                module(*inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return first, len(later_copies)
-
-
-def bookkeeping_check(module, left_behind, later_copies: int) -> Check:
-    return Check("green: the loader's own buffer is back after each call; no host-to-device copy after the first",
-                 module.qk_norm_scale is left_behind and later_copies == 0,
-                 f"{later_copies} copies in {LATER_CALLS} later calls")
 
 
 FIX = VaeQkNormScale()

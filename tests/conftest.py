@@ -20,7 +20,7 @@ def comfyui():
     """The path of a real ComfyUI, importable and in CPU mode when no GPU is present."""
     if not os.environ.get("COMFYUI_PATH"):
         pytest.skip("needs a ComfyUI checkout: set COMFYUI_PATH")
-    from minimax_hotfix.patches._comfy import ComfyUIUnavailable, use_comfyui_checkout
+    from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
 
     try:
         return use_comfyui_checkout()
@@ -31,23 +31,23 @@ def comfyui():
 @pytest.fixture
 def registry(monkeypatch):
     """``registry(*fixes)``: the pack's registry holding only these fixes, with fresh detection."""
-    from minimax_hotfix import patches
+    from minimax_hotfix import registry as pack_registry
 
     def use(*fixes):
-        monkeypatch.setattr(patches, "_fixes", {fix.id: fix for fix in fixes})
-        patches.forget_detection()
+        monkeypatch.setattr(pack_registry, "_fixes", {fix.id: fix for fix in fixes})
+        pack_registry.forget_detection()
         return fixes
 
     yield use
-    patches.forget_detection()
+    pack_registry.forget_detection()
 
 
 @pytest.fixture
 def fresh_detection(monkeypatch):
     """Every fix detected afresh, with the off switch unset; forgotten again after the test."""
-    from minimax_hotfix import patches
+    from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.delenv(patches.DISABLE_ENV, raising=False)
-    patches.forget_detection()
+    monkeypatch.delenv(pack_registry.DISABLE_ENV, raising=False)
+    pack_registry.forget_detection()
     yield
-    patches.forget_detection()
+    pack_registry.forget_detection()

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from minimax_hotfix.kernels.tiny_decoder import dequantize_q4_0
-from minimax_hotfix.patches import State
+from minimax_hotfix.diagnostics.tiny_decoder import dequantize_q4_0
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.diagnostics import self_test
 
 
 def write_and_read_gguf(path, weights: dict, qtype) -> dict:
@@ -92,6 +93,6 @@ def check_not_applicable_without_comfyui(fix) -> None:
 
 
 def check_self_test_red_then_green(fix) -> None:
-    checks = list(fix.self_test())
+    checks = list(self_test(fix))
     assert checks and all(check.passed for check in checks), [c for c in checks if not c.passed]
     assert checks[0].name.startswith("red:")

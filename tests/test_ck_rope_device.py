@@ -1,7 +1,7 @@
 """ck_rope_device: a stray CPU scale/table no longer sends comfy-kitchen's rope calls to the failing eager backend.
 
 Routing is kitchen's own (``BackendRegistry.get_capable_backend`` with the eager backend's and the real CUDA backend's
-constraints, see ``real_kitchen_routing`` in patches/_kitchen.py) on FakeTensor "cuda" q/k; values are compared on the
+constraints, see ``real_kitchen_routing`` in diagnostics/kitchen.py) on FakeTensor "cuda" q/k; values are compared on the
 CPU, the only device here that holds data.
 """
 
@@ -13,12 +13,14 @@ import comfy_kitchen
 import pytest
 import torch
 
-from minimax_hotfix import patches
+from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels.rope_device import device_aligned, operand_positions, rope_function_names, unaligned
 from minimax_hotfix.patches import ck_rope_device
-from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
-from minimax_hotfix.patches._fix import State
-from minimax_hotfix.patches._kitchen import is_device_mismatch, real_kitchen_routing, rope_inputs
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
+from minimax_hotfix.kernels.rope_device import is_device_mismatch
+from minimax_hotfix.diagnostics import self_test
 
 FIX = ck_rope_device.FIX
 ROPE_NAMES = rope_function_names(comfy_kitchen)
@@ -144,24 +146,24 @@ def test_install_wraps_every_rope_function_once_and_uninstall_restores_them(rest
 
 def test_off_switch_keeps_kitchen_untouched(restore_kitchen, monkeypatch):
     originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
-    monkeypatch.setenv(patches.DISABLE_ENV, FIX.id)
-    assert patches.status(FIX).state == State.DISABLED
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, FIX.id)
+    assert pack_registry.status(FIX).state == State.DISABLED
     try:
-        assert FIX.id not in patches.install_process_fixes()
+        assert FIX.id not in pack_registry.install_process_fixes()
         assert all(getattr(comfy_kitchen, name) is originals[name] for name in ROPE_NAMES)
     finally:
-        patches.uninstall_process_fixes()
+        pack_registry.uninstall_process_fixes()
 
 
 @pytest.fixture
 def fresh_detection():
-    patches.forget_detection()
+    pack_registry.forget_detection()
     yield
-    patches.forget_detection()
+    pack_registry.forget_detection()
 
 
 def test_detects_the_bug_in_this_kitchen(fresh_detection):
-    assert patches.status(FIX).state == State.APPLIED
+    assert pack_registry.status(FIX).state == State.APPLIED
 
 
 def test_detects_a_kitchen_whose_eager_rope_aligns_itself(fresh_detection, monkeypatch):
@@ -170,20 +172,20 @@ def test_detects_a_kitchen_whose_eager_rope_aligns_itself(fresh_detection, monke
     unaligned = eager.rms_rope1
     monkeypatch.setattr(eager, "rms_rope1", lambda x, freqs_cis, scale, epsilon=1e-6:
                         unaligned(x, freqs_cis.to(x.device), scale.to(x.device), epsilon))
-    assert patches.status(FIX).state == State.FIXED_UPSTREAM
+    assert pack_registry.status(FIX).state == State.FIXED_UPSTREAM
 
 
 def test_fails_and_stays_off_when_a_rope_signature_drifted(fresh_detection, monkeypatch):
     monkeypatch.setattr(comfy_kitchen, "rms_rope1", lambda x, freqs, weight, eps=1e-6: None)
-    status = patches.status(FIX)
+    status = pack_registry.status(FIX)
     assert status.state == State.FAILED and "rms_rope1" in status.reason
 
 
 def test_not_applicable_without_kitchen(fresh_detection, monkeypatch):
     monkeypatch.setitem(sys.modules, "comfy_kitchen", None)
-    assert patches.status(FIX).state == State.NOT_APPLICABLE
+    assert pack_registry.status(FIX).state == State.NOT_APPLICABLE
 
 
 def test_self_test_red_then_green():
-    checks = list(FIX.self_test())
+    checks = list(self_test(FIX))
     assert checks[0].name.startswith("red:") and all(check.passed for check in checks), checks

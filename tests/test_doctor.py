@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minimax_hotfix.patches._fix import Check, Fix, State, Status
-from minimax_hotfix.patches._report import run_doctor
+from minimax_hotfix.registry.contract import Check, Fix, State, Status
+from minimax_hotfix.diagnostics.report import run_doctor
 
 
 class SelfTestedFix(Fix):
@@ -27,6 +27,16 @@ class SelfTestedFix(Fix):
     def self_test(self):
         yield Check("red: bug reproduces with the fix off", True)
         yield Check("green: fixed output equals the reference", self.green_passes, "max abs diff 0")
+
+
+@pytest.fixture(autouse=True)
+def self_tests_of_test_fixes(monkeypatch):
+    """A test fix carries its self-test as a method; the pack's fixes have theirs in diagnostics/self_tests/<id>.py."""
+    from minimax_hotfix.diagnostics import report
+
+    pack_self_test = report.self_test
+    monkeypatch.setattr(report, "self_test",
+                        lambda fix: fix.self_test() if hasattr(fix, "self_test") else pack_self_test(fix))
 
 
 def doctor_output():
@@ -129,6 +139,12 @@ def test_the_schema_lists_every_state():
     assert SCHEMA["properties"]["fixes"]["items"]["properties"]["state"]["enum"] == [state.value for state in State]
 
 
+def test_json_shows_each_fix_retirement(json_run):
+    fixes = json.loads(json_run.stdout)["fixes"]
+    assert fixes and all(fix["fixed_by"] not in (None, "unknown") and fix["delete_when"] not in (None, "unknown")
+                         for fix in fixes), fixes
+
+
 def test_every_self_test_with_a_red_control_prints_it_before_green(json_run):
     tests = json.loads(json_run.stdout)["self_tests"]
     kinds = [[step["kind"] for step in test["steps"]] for test in tests if any(step["kind"] == "red" for step in test["steps"])]
@@ -137,7 +153,7 @@ def test_every_self_test_with_a_red_control_prints_it_before_green(json_run):
 
 
 def report_module():
-    from minimax_hotfix.patches import _report
+    from minimax_hotfix.diagnostics import report as _report
 
     return _report
 

@@ -23,10 +23,12 @@ from torch import nn
 import comfy_kitchen
 from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
 from minimax_hotfix.kernels.int8_fallback import DequantizedLinear, forget_int8_probes, int8_compute_available
-from minimax_hotfix.patches import key_for
-from minimax_hotfix.patches._fix import State
+from minimax_hotfix.registry import key_for
+from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches import int8_full_precision_mm
-from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS, MPS_INT_MM_ERROR
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
+from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS
+from minimax_hotfix.diagnostics import self_test
 from patchers import StandInPatcher
 
 KEY = key_for(FIX)
@@ -528,30 +530,30 @@ def test_clone_carries_the_fix(core, int_mm):
 
 
 def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(core, int_mm, monkeypatch):
-    """The path the pack's loaders and Apply nodes take (patches.attach_fixes), for a DiT-like MODEL and a text
+    """The path the pack's loaders and Apply nodes take (pack_registry.attach_fixes), for a DiT-like MODEL and a text
     encoder-like CLIP patcher; MINIMAX_HOTFIX_DISABLE leaves the stock behaviour."""
-    from minimax_hotfix import patches
+    from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.setattr(patches, "_fixes", {FIX.id: FIX})
-    patches.forget_detection()
+    monkeypatch.setattr(pack_registry, "_fixes", {FIX.id: FIX})
+    pack_registry.forget_detection()
     int_mm.remove()
     for target, full_precision_mm in (("model", False), ("clip", True)):
         mlp = core.mlp(full_precision_mm)
         patcher = core.patcher(mlp)
-        assert patches.attach_fixes(patcher, target) == [FIX.id]
-        assert patches.attach_fixes(patcher, target) == [FIX.id] and len(patcher.get_injections(KEY)) == 1
+        assert pack_registry.attach_fixes(patcher, target) == [FIX.id]
+        assert pack_registry.attach_fixes(patcher, target) == [FIX.id] and len(patcher.get_injections(KEY)) == 1
         core.load(patcher)
         mlp(torch.randn(4, 256))
         core.unload_all()
 
-    monkeypatch.setenv(patches.DISABLE_ENV, FIX.id)
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, FIX.id)
     mlp = core.mlp()
     patcher = core.patcher(mlp)
-    assert patches.attach_fixes(patcher, "model") == []
+    assert pack_registry.attach_fixes(patcher, "model") == []
     core.load(patcher)
     with pytest.raises(NotImplementedError, match="_int_mm"):
         mlp(torch.randn(4, 256))
-    patches.forget_detection()
+    pack_registry.forget_detection()
 
 
 def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):
@@ -576,7 +578,7 @@ def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):
 
 
 def test_self_test_red_then_green(core):
-    checks = list(FIX.self_test())
+    checks = list(self_test(FIX))
     assert [check.name.split(":")[0] for check in checks] == ["red", "green", "green"], checks
     assert all(check.passed for check in checks), checks
 
@@ -621,7 +623,7 @@ def test_detection_without_comfyui(monkeypatch):
     for name in ("comfy", "comfy.ops"):
         monkeypatch.setitem(sys.modules, name, None)  # import of these now fails
     assert FIX.detect().state is State.NOT_APPLICABLE
-    checks = list(FIX.self_test())  # comfy-kitchen's own int8 linear, diverted by the pack's kernel
+    checks = list(self_test(FIX))  # comfy-kitchen's own int8 linear, diverted by the pack's kernel
     assert [check.name.split(":")[0] for check in checks] == ["red", "green", "green"], checks
     assert all(check.passed for check in checks), checks
     assert "comfy-kitchen" in checks[0].name and "_int_mm" in checks[0].detail
@@ -632,7 +634,7 @@ def test_kernel_self_test_fails_when_the_diversion_does_nothing(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(DequantizedLinear, "forward", lambda self, x: self.native_forward(x))
     with pytest.raises(NotImplementedError, match=r"aten::_int_mm"):
-        list(FIX.self_test())
+        list(self_test(FIX))
 
 
 @pytest.mark.parametrize("target", ["model", "clip"])

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from minimax_hotfix.kernels.int8_fallback import forget_int8_probes
-from minimax_hotfix.patches._fix import State
-from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS, MPS_INT_MM_ERROR
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
+from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
@@ -109,10 +110,10 @@ def test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node(h3_i
     import nodes as comfy_nodes
 
     from minimax_hotfix import nodes as pack_nodes
-    from minimax_hotfix import patches
+    from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.setattr(patches, "_fixes", {FIX.id: FIX})
-    patches.forget_detection()
+    monkeypatch.setattr(pack_registry, "_fixes", {FIX.id: FIX})
+    pack_registry.forget_detection()
     name, reference_vae, int8_layers = h3_int8_vae_file
     latent = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(1))
     reference = reference_vae.decode(latent)
@@ -145,8 +146,8 @@ def test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself(comfyu
     import comfy.model_patcher
     import comfy.ops
 
-    from minimax_hotfix.patches import key_for
-    from minimax_hotfix.patches.int8_full_precision_mm import tiny_int8_linear
+    from minimax_hotfix.registry import key_for
+    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
 
     layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=True)
     patcher = comfy.model_patcher.ModelPatcher(torch.nn.ModuleList([layer]), load_device=torch.device("cpu"),
@@ -167,7 +168,7 @@ def expected_kinds():
     import comfy.model_management
     import comfy.ops
 
-    from minimax_hotfix.patches.int8_full_precision_mm import tiny_int8_linear
+    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
 
     expected = {}
     for kind in MODEL_KINDS:

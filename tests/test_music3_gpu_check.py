@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_hotfix.kernels.capture_policy import capture_allowed_on
-from minimax_hotfix.kernels.tiny_decoder import EmulatedGraphs, GGUFStyleQ4Linear
+from minimax_hotfix.diagnostics.emulated_capture import capture_allowed_on
+from minimax_hotfix.diagnostics.tiny_decoder import EmulatedGraphs, GGUFStyleQ4Linear
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_music3_graphs.py"
 SMALL = ["--steps", "8", "--layers", "3", "--hidden", "64", "--heads", "4", "--intermediate", "128", "--dtype", "fp32"]

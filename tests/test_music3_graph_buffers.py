@@ -8,7 +8,7 @@ import torch
 
 from minimax_hotfix.kernels.static_buffers import (StaticBufferPool, is_graphed_decode_step, tensor_key,
                                                    with_decode_buffers)
-from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, TinyCache, TinyConfig, build_decoder,
+from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, TinyCache, TinyConfig, build_decoder,
                                                  decode_hidden_states)
 from minimax_hotfix.patches.music3_graph_buffers import FIX
 from music3_support import check_not_applicable_without_comfyui, check_self_test_red_then_green
@@ -134,7 +134,7 @@ def test_without_comfyui_the_fix_is_not_applicable():
 
 def test_install_leaves_other_models_alone():
     model = build_decoder(CONFIG, "cpu")
-    assert FIX.install(model) == [] and "forward" not in vars(model)
+    assert FIX.hook_loaded_model(model) == [] and "forward" not in vars(model)
 
 
 def test_self_test_passes_on_cpu():

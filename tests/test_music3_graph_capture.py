@@ -5,9 +5,9 @@ and read with the ``gguf`` package) and residency, and a decoder run under emula
 import pytest
 import torch
 
-from minimax_hotfix.kernels.capture_policy import (CAPTURE_HOST_COPY_ERROR, capture_allowed_on, decide_unit,
-                                                   emulated_capture, ggml_type)
-from minimax_hotfix.kernels.tiny_decoder import (EmulatedGraphs, HostWeightLinear, TinyConfig, build_decoder,
+from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, emulated_capture
+from minimax_hotfix.kernels.capture_policy import decide_unit, ggml_type
+from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, HostWeightLinear, TinyConfig, build_decoder,
                                                  decode_hidden_states, dequantize_q4_0, quantize_q4_0)
 from minimax_hotfix.patches.music3_graph_capture import FIX
 from music3_support import (GGMLLayoutParams, GGMLTensor, check_not_applicable_without_comfyui,

@@ -21,9 +21,9 @@ import types
 import pytest
 import torch
 
-from minimax_hotfix import patches
-from minimax_hotfix.kernels.capture_policy import CAPTURE_HOST_COPY_ERROR, emulated_capture
-from minimax_hotfix.patches import State
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, emulated_capture
+from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches.music3_graph_buffers import FIX as BUFFERS
 from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE, graph_units
 from music3_support import ggml_layout_tensor, write_and_read_gguf
@@ -93,7 +93,7 @@ def graphs(comfy, monkeypatch):
     import comfy_kitchen
 
     for fix in (BUFFERS, CAPTURE):
-        patches.status(fix)  # detect on the real code, once per process as inside ComfyUI, before the stand-ins
+        pack_registry.status(fix)  # detect on the real code, once per process as inside ComfyUI, before the stand-ins
     monkeypatch.setattr(comfy_kitchen, "flash_attention_decode_is_available", lambda device: True)
     monkeypatch.setattr(comfy_kitchen, "flash_attention_decode", eager_flash_attention_decode)
     emulation = EmulatedPrefetch()
@@ -125,9 +125,9 @@ def loaded(comfy, encoder, with_pack):
     patcher = comfy.model_patcher.ModelPatcher(encoder, load_device=torch.device("cpu"),
                                                offload_device=torch.device("cpu"))
     if with_pack:
-        attached = patches.attach_fixes(patcher, "clip")  # honours MINIMAX_HOTFIX_DISABLE, as the loaders do
+        attached = pack_registry.attach_fixes(patcher, "clip")  # honours MINIMAX_HOTFIX_DISABLE, as the loaders do
         assert [fix.id in attached for fix in (BUFFERS, CAPTURE)] == [
-            patches.status(fix).state is State.APPLIED for fix in (BUFFERS, CAPTURE)]
+            pack_registry.status(fix).state is State.APPLIED for fix in (BUFFERS, CAPTURE)]
     comfy.model_management.load_models_gpu([patcher], force_full_load=True)
     return patcher
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_hotfix import patches
+from minimax_hotfix import registry
 from patchers import ComfyBackend
 from test_registry import CountingFix, tiny_model
 
@@ -37,19 +37,19 @@ def comfy_nodes(comfyui):
 
 def pack_registry(nodes):
     """The registry of the pack as ComfyUI loaded it (a module tree of its own, not minimax_hotfix)."""
-    return sys.modules[nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"].__module__].patches
+    return sys.modules[nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"].__module__].registry
 
 
 @pytest.fixture
 def counting_fix(comfy_nodes, monkeypatch):
     """A test fix in the registry of the pack as ComfyUI loaded it."""
-    registry = pack_registry(comfy_nodes)
+    loaded_registry = pack_registry(comfy_nodes)
     fix = CountingFix()
     fix.targets = ("vae", "clip", "model")
-    monkeypatch.setattr(registry, "_fixes", {fix.id: fix})
-    registry.forget_detection()
+    monkeypatch.setattr(loaded_registry, "_fixes", {fix.id: fix})
+    loaded_registry.forget_detection()
     yield fix
-    registry.forget_detection()
+    loaded_registry.forget_detection()
 
 
 def test_every_node_registers(comfy_nodes):
@@ -77,13 +77,13 @@ def test_the_unet_loader_loads_like_stock_then_attaches(comfy_nodes, counting_fi
 
     (model,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixUNETLoader"]().load_unet("h3.safetensors", "default")
     assert model is loaded and seen["path"] == "/diffusion_models/h3.safetensors"
-    assert model.get_injections(patches.key_for(counting_fix))
+    assert model.get_injections(registry.key_for(counting_fix))
 
 
 def test_apply_nodes_leave_their_input_unchanged(comfy_nodes, counting_fix):
     stock = ComfyBackend().patcher(tiny_model())
     (fixed,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyModel"]().apply(model=stock)
-    key = patches.key_for(counting_fix)
+    key = registry.key_for(counting_fix)
     assert fixed is not stock and fixed.get_injections(key) and not stock.get_injections(key)
 
     class VAE:  # the slice of comfy.sd.VAE the node touches
@@ -98,7 +98,7 @@ def test_the_status_node_reports_every_fix(comfy_nodes):
     result = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"]().report()
     (table,) = result["result"]
     assert result["ui"]["text"] == [table]
-    for fix_id in patches.all_fixes():
+    for fix_id in registry.all_fixes():
         assert fix_id in table
     assert torch.is_tensor(torch.zeros(1))  # the node imports nothing that breaks torch
 

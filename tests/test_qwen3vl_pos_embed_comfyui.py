@@ -10,19 +10,22 @@ import pytest
 import torch
 
 from concurrency import failures_running_concurrently
-from minimax_hotfix import patches
+from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
+from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
+from minimax_hotfix.registry.contract import remove_handles
+from minimax_hotfix.diagnostics import self_test
 
 GRID = fix.TINY_GRID
-pixels = fix.tiny_pixels
+pixels = tower_kit.tiny_pixels
 
 
 @pytest.fixture(autouse=True)
 def fresh_detection(comfyui):
-    patches.forget_detection()
+    pack_registry.forget_detection()
     yield
-    patches.forget_detection()
+    pack_registry.forget_detection()
 
 
 def offloaded_tower(ops_name="manual_cast"):
@@ -43,23 +46,23 @@ def gather_devices(tower):
 
 
 def test_detect_applies_on_this_comfyui():
-    status = patches.status(fix.FIX)
-    assert status.state is patches.State.APPLIED, status.reason
+    status = pack_registry.status(fix.FIX)
+    assert status.state is pack_registry.State.APPLIED, status.reason
     assert "interpolates on the CPU" in status.reason
 
 
 def test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device():
     tower = offloaded_tower()
     seen = gather_devices(tower)
-    stock = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))  # pinned: stock ComfyUI does not crash
+    stock = tower_kit.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))  # pinned: stock ComfyUI does not crash
     assert seen == ["cpu"]  # red: the interpolation ran where the weight lives
 
     seen.clear()
     handles = fix.install_on_towers(tower)
-    fixed = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
+    fixed = tower_kit.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
     assert seen == ["meta"]  # green: it ran on the compute device
     assert [(t.device.type, t.shape) for t in fixed] == [(t.device.type, t.shape) for t in stock]
-    fix.remove_handles(handles)
+    remove_handles(handles)
     assert "fast_pos_embed_interpolate" not in vars(tower)
 
 
@@ -96,9 +99,9 @@ def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
 
 def test_all_on_one_device_outputs_bit_identical():
     tower = fix.tiny_tower()
-    reference = fix.outputs(tower(pixels(), torch.tensor(GRID)))
+    reference = tower_kit.outputs(tower(pixels(), torch.tensor(GRID)))
     fix.install_on_towers(tower)
-    assert all(map(torch.equal, fix.outputs(tower(pixels(), torch.tensor(GRID))), reference))
+    assert all(map(torch.equal, tower_kit.outputs(tower(pixels(), torch.tensor(GRID))), reference))
 
 
 def test_ops_that_do_not_cast_keep_the_stock_path():
@@ -107,7 +110,7 @@ def test_ops_that_do_not_cast_keep_the_stock_path():
     tower = offloaded_tower("disable_weight_init")
     seen = gather_devices(tower)
     fix.install_on_towers(tower)
-    out = fix.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
+    out = tower_kit.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
     assert seen == ["cpu"] and out[0].device.type == "meta"
 
 
@@ -118,7 +121,7 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     holder.visual = offloaded_tower()
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("cpu"),
                                                offload_device=torch.device("cpu"))
-    patches.attach_fixes(patcher, "clip")  # as the pack's CLIP loader does: honours MINIMAX_HOTFIX_DISABLE
+    pack_registry.attach_fixes(patcher, "clip")  # as the pack's CLIP loader does: honours MINIMAX_HOTFIX_DISABLE
     clone = patcher.clone()
     seen = gather_devices(holder.visual)
     for each in (patcher, clone):
@@ -130,8 +133,8 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
 
 
 def test_off_switch(monkeypatch):
-    monkeypatch.setenv(patches.DISABLE_ENV, fix.FIX.id)
-    assert patches.status(fix.FIX).state is patches.State.DISABLED
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, fix.FIX.id)
+    assert pack_registry.status(fix.FIX).state is pack_registry.State.DISABLED
 
 
 @pytest.mark.parametrize("layout", ["two towers", "one tower, two devices"])
@@ -140,21 +143,21 @@ def test_two_threads_no_cross_talk(layout):
     weight to each call's input device, so one tower computes on cpu and on meta at the same time."""
     on_cpu = fix.tiny_tower()
     on_meta = offloaded_tower() if layout == "two towers" else on_cpu
-    reference = fix.outputs(on_cpu(pixels(), torch.tensor(GRID)))
+    reference = tower_kit.outputs(on_cpu(pixels(), torch.tensor(GRID)))
     fix.install_on_towers(on_cpu)
     if on_meta is not on_cpu:
         fix.install_on_towers(on_meta)
 
     def cpu_call():
-        return all(map(torch.equal, fix.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))
+        return all(map(torch.equal, tower_kit.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))
 
     def meta_call():
-        return all(t.device.type == "meta" for t in fix.outputs(on_meta(pixels().to("meta"), torch.tensor(GRID))))
+        return all(t.device.type == "meta" for t in tower_kit.outputs(on_meta(pixels().to("meta"), torch.tensor(GRID))))
 
     assert failures_running_concurrently([cpu_call, meta_call], rounds=25) == []
 
 
 def test_self_test_passes():
-    checks = list(fix.FIX.self_test())
+    checks = list(self_test(fix.FIX))
     assert [c.name.split(":")[0] for c in checks] == ["red", "green", "green"]
     assert all(check.passed for check in checks), checks

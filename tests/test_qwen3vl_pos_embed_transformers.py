@@ -22,18 +22,21 @@ pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
 import transformers  # noqa: E402
 
 from concurrency import failures_running_concurrently  # noqa: E402
-from minimax_hotfix import patches  # noqa: E402
+from minimax_hotfix import api  # noqa: E402
+from minimax_hotfix import registry as pack_registry  # noqa: E402
 from minimax_hotfix.kernels.qwen3vl_pos_embed import (  # noqa: E402
     computing_on, gather_rows, interpolated_position_table,
 )
 from minimax_hotfix.patches import transformers_qwen3vl_pos_embed as fix  # noqa: E402
-from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda  # noqa: E402
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda  # noqa: E402
+from minimax_hotfix.diagnostics import self_test  # noqa: E402
+from minimax_hotfix.diagnostics.self_tests import transformers_qwen3vl_pos_embed as tower_kit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRA_5_8 = REPO / ".venv" / "extra" / "transformers-5.8.0"
 EXPECTED_VERSION = "MINIMAX_HOTFIX_EXPECT_TRANSFORMERS"  # set by the 5.8 subprocess run
 
-FORM = fix._forward_form(fix._reference_tower_class())
+FORM = fix.forward_form(fix.reference_tower_class())
 method_form = pytest.mark.skipif(FORM != fix.METHOD_FORM,
                                  reason=f"transformers {transformers.__version__} has the indexing form")
 indexing_form = pytest.mark.skipif(FORM != fix.INDEXING_FORM,
@@ -65,7 +68,7 @@ class OffloadedEmbedding(torch.nn.Embedding):
 
 def run(tower, pixels, grid):
     with torch.no_grad():
-        return fix.outputs(tower(pixels, grid))
+        return tower_kit.outputs(tower(pixels, grid))
 
 
 def test_runs_on_the_transformers_it_was_started_for():
@@ -76,17 +79,17 @@ def test_runs_on_the_transformers_it_was_started_for():
 
 
 def test_detect_names_the_form():
-    status = patches.status(fix.FIX)
-    assert status.state is patches.State.APPLIED
+    status = pack_registry.status(fix.FIX)
+    assert status.state is pack_registry.State.APPLIED
     assert ("pos_embed's weight device" if FORM == fix.METHOD_FORM else "grid_thw's device") in status.reason
 
 
 def test_one_device_outputs_are_bit_identical():
-    tower = fix.tiny_tower()
-    pixels, grid = fix.tiny_inputs()
+    tower = tower_kit.tiny_tower()
+    pixels, grid = tower_kit.tiny_inputs()
     reference = run(tower, pixels, grid)
     model = Holder(tower)
-    assert fix.attach_to_transformers_model(model) == ["visual"]
+    assert api.attach_to_transformers_model(model) == ["visual"]
     patched = run(tower, pixels, grid)
     assert all(torch.equal(a, b) for a, b in zip(patched, reference))
     assert len(patched) == len(reference) == 3
@@ -108,22 +111,22 @@ def _compute_on_meta_with(tower, keep_on_cpu: str):
 @method_form
 @pytest.mark.parametrize("offloaded", ["pos_embed", "rotary_pos_emb"])
 def test_method_form_table_follows_the_activations(offloaded):
-    tower = _compute_on_meta_with(fix.tiny_tower(), offloaded)
-    pixels, grid = fix.tiny_inputs()
+    tower = _compute_on_meta_with(tower_kit.tiny_tower(), offloaded)
+    pixels, grid = tower_kit.tiny_inputs()
     with pytest.raises(RuntimeError, match=SAME_DEVICE):
         run(tower, pixels.to("meta"), grid)
 
-    fix.attach_to_transformers_model(tower)
+    api.attach_to_transformers_model(tower)
     patched = run(tower, pixels.to("meta"), grid)
-    reference = run(fix.tiny_tower(), *fix.tiny_inputs())
+    reference = run(tower_kit.tiny_tower(), *tower_kit.tiny_inputs())
     assert [t.device.type for t in patched] == ["meta"] * 3
     assert [t.shape for t in patched] == [t.shape for t in reference]
 
 
 def _offloaded_pos_embed_tower():
     """A tiny tower whose pos_embed is offload-style (meta weight), its inputs, and its outputs before offloading."""
-    tower = fix.tiny_tower()
-    pixels, grid = fix.tiny_inputs()
+    tower = tower_kit.tiny_tower()
+    pixels, grid = tower_kit.tiny_inputs()
     reference = run(tower, pixels, grid)
     tower.pos_embed = OffloadedEmbedding(tower.pos_embed)
     return tower, pixels, grid, reference
@@ -135,14 +138,14 @@ def test_method_form_offloaded_meta_weight_gives_the_reference_values():
     with pytest.raises((RuntimeError, NotImplementedError)):  # the stock method builds its indices on meta
         run(tower, pixels, grid)
 
-    fix.attach_to_transformers_model(tower)
+    api.attach_to_transformers_model(tower)
     assert all(torch.equal(a, b) for a, b in zip(run(tower, pixels, grid), reference))
 
 
 @method_form
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernel_equals_the_method_form_bit_for_bit(dtype):
-    tower = fix.tiny_tower().to(dtype)
+    tower = tower_kit.tiny_tower().to(dtype)
     grids = [(1, 4, 6), (2, 2, 2), (3, 10, 14), (1, 32, 18)]
     stock = tower.fast_pos_embed_interpolate(torch.tensor(grids))
     ours = interpolated_position_table(tower.pos_embed, grids, tower.num_grid_per_side,
@@ -153,7 +156,7 @@ def test_kernel_equals_the_method_form_bit_for_bit(dtype):
 @indexing_form
 @pytest.mark.parametrize("patches_in_call", [2, 32], ids=["rows-cross", "table-crosses"])
 def test_indexing_form_gather_with_pos_embed_on_fake_cuda(patches_in_call):
-    tower = fix.tiny_tower()
+    tower = tower_kit.tiny_tower()
     table = tower.pos_embed.weight.detach().clone()
     indices = torch.randint(0, 16, (patches_in_call, 4), generator=torch.Generator().manual_seed(3))
     with fake_cuda_mode() as mode:
@@ -161,7 +164,7 @@ def test_indexing_form_gather_with_pos_embed_on_fake_cuda(patches_in_call):
         with computing_on(tower, torch.device("cpu")):
             with pytest.raises(RuntimeError, match="found at least two devices, cuda:0 and cpu"):
                 tower.pos_embed(indices)
-            fix.attach_to_transformers_model(tower)
+            api.attach_to_transformers_model(tower)
             rows = tower.pos_embed(indices)
     assert rows.device.type == "cpu" and rows.shape == (patches_in_call, 4, 32)
 
@@ -178,9 +181,9 @@ def test_gather_rows_values_equal_a_plain_lookup(patches_in_call):
 
 @indexing_form
 def test_indexing_form_grid_follows_the_activations():
-    tower = fix.tiny_tower()
-    pixels, grid = fix.tiny_inputs()
-    fix.attach_to_transformers_model(tower)
+    tower = tower_kit.tiny_tower()
+    pixels, grid = tower_kit.tiny_inputs()
+    api.attach_to_transformers_model(tower)
     seen = []
     probe = tower.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(
         (args[1] if len(args) > 1 else kwargs["grid_thw"]).device), with_kwargs=True)
@@ -198,7 +201,7 @@ def test_indexing_form_grid_follows_the_activations():
 def test_indexing_form_offloaded_meta_weight_still_works():
     tower, pixels, grid, reference = _offloaded_pos_embed_tower()
     assert all(torch.equal(a, b) for a, b in zip(run(tower, pixels, grid), reference))
-    fix.attach_to_transformers_model(tower)
+    api.attach_to_transformers_model(tower)
     assert all(torch.equal(a, b) for a, b in zip(run(tower, pixels, grid), reference))
 
 
@@ -206,13 +209,13 @@ def _cross_device_call():
     """One call of a tower whose activations are on meta and its pos_embed on the CPU, with its check. The
     indexing form runs the gather alone (its forward needs grid data on the compute device)."""
     if FORM == fix.METHOD_FORM:
-        tower = _compute_on_meta_with(fix.tiny_tower(), "pos_embed")
-        fix.attach_to_transformers_model(tower)
-        pixels, grid = fix.tiny_inputs()
+        tower = _compute_on_meta_with(tower_kit.tiny_tower(), "pos_embed")
+        api.attach_to_transformers_model(tower)
+        pixels, grid = tower_kit.tiny_inputs()
         pixels = pixels.to("meta")
         return lambda: all(t.device.type == "meta" for t in run(tower, pixels, grid))
-    tower = fix.tiny_tower()
-    fix.attach_to_transformers_model(tower)
+    tower = tower_kit.tiny_tower()
+    api.attach_to_transformers_model(tower)
     meta = torch.device("meta")
     indices = torch.randint(0, 16, (32, 4), generator=torch.Generator().manual_seed(5)).to(meta)
 
@@ -224,10 +227,10 @@ def _cross_device_call():
 
 
 def test_two_threads_two_devices_no_cross_talk():
-    resident = fix.tiny_tower()
-    pixels, grid = fix.tiny_inputs()
+    resident = tower_kit.tiny_tower()
+    pixels, grid = tower_kit.tiny_inputs()
     reference = run(resident, pixels, grid)
-    fix.attach_to_transformers_model(resident)
+    api.attach_to_transformers_model(resident)
     cross_device = _cross_device_call()
 
     def resident_call():
@@ -237,29 +240,29 @@ def test_two_threads_two_devices_no_cross_talk():
 
 
 def test_attach_replaces_and_detach_restores():
-    tower = fix.tiny_tower()
+    tower = tower_kit.tiny_tower()
     model = Holder(tower)
     before = (dict(vars(tower)), dict(vars(tower.pos_embed)), len(tower._forward_pre_hooks),
               len(tower._forward_hooks), len(tower.patch_embed._forward_hooks))
-    fix.attach_to_transformers_model(model)
+    api.attach_to_transformers_model(model)
     once = (set(vars(tower)), set(vars(tower.pos_embed)), len(tower._forward_pre_hooks))
-    fix.attach_to_transformers_model(model)
+    api.attach_to_transformers_model(model)
     assert (set(vars(tower)), set(vars(tower.pos_embed)), len(tower._forward_pre_hooks)) == once
-    fix.detach_from_transformers_model(model)
+    api.detach_from_transformers_model(model)
     assert (dict(vars(tower)), dict(vars(tower.pos_embed)), len(tower._forward_pre_hooks),
             len(tower._forward_hooks), len(tower.patch_embed._forward_hooks)) == before
 
 
 def test_off_switch_attaches_nothing(monkeypatch):
-    monkeypatch.setenv(patches.DISABLE_ENV, fix.FIX.id)
-    tower = fix.tiny_tower()
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, fix.FIX.id)
+    tower = tower_kit.tiny_tower()
     hooks = len(tower._forward_pre_hooks)
-    assert fix.attach_to_transformers_model(tower) == []
+    assert api.attach_to_transformers_model(tower) == []
     assert len(tower._forward_pre_hooks) == hooks and "fast_pos_embed_interpolate" not in vars(tower)
 
 
 def test_self_test_reproduces_the_bug_and_passes():
-    checks = list(fix.FIX.self_test())
+    checks = list(self_test(fix.FIX))
     assert any(check.name.startswith("red") for check in checks)
     assert all(check.passed for check in checks), checks
 

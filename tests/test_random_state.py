@@ -25,10 +25,10 @@ import pytest
 import torch
 from torch import nn
 
-from minimax_hotfix import patches
-from minimax_hotfix.patches import State
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
-from minimax_hotfix.patches._report import status_table
+from minimax_hotfix.registry.status_table import status_table
 from patchers import ComfyBackend, StandInBackend
 from random_state import changed_generators, random_state, seed_everything, seeded_draws
 
@@ -84,12 +84,12 @@ seed_everything()
 before = random_state()
 if comfyui:  # the real entry point, as ComfyUI loads a custom node folder: nodes, detection, process-wide install
     assert asyncio.run(nodes.load_custom_node({root!r}, ignore=set(nodes.NODE_CLASS_MAPPINGS)))
-    registry = sys.modules["minimax_hotfix"].patches
+    registry = sys.modules["minimax_hotfix"].registry
 else:  # the entry point exports nothing outside ComfyUI; the registry's start-up steps, as it would run them
     sys.path.insert(0, {tools!r})
     from doctor import load_pack
     load_pack()
-    from minimax_hotfix import patches as registry
+    from minimax_hotfix import registry
     registry.install_process_fixes()
 {extra}
 print(json.dumps({{"changed": changed_generators(before, random_state()), "fixes": sorted(registry.all_fixes()),
@@ -99,7 +99,7 @@ print(json.dumps({{"changed": changed_generators(before, random_state()), "fixes
 
 def load_pack_in_a_fresh_interpreter(extra: str = "") -> dict:
     code = PACK_LOAD.format(tests=str(ROOT / "tests"), tools=str(ROOT / "tools"), root=str(ROOT), extra=extra)
-    env = {k: v for k, v in os.environ.items() if k != patches.DISABLE_ENV}
+    env = {k: v for k, v in os.environ.items() if k != pack_registry.DISABLE_ENV}
     result = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -111,9 +111,9 @@ def test_pack_load_keeps_the_random_state(request):
         request.getfixturevalue("comfyui")
     loaded = load_pack_in_a_fresh_interpreter()
     assert loaded["changed"] == [], f"loading the pack changed the random state of {loaded['changed']}"
-    assert set(loaded["fixes"]) == set(patches.all_fixes())
+    assert set(loaded["fixes"]) == set(pack_registry.all_fixes())
     where = "ComfyUI's custom node loader" if with_comfyui() else "the registry's start-up steps"
-    process = {fix.id for fix in patches.fixes_for("process")}
+    process = {fix.id for fix in pack_registry.fixes_for("process")}
     for fix_id in loaded["fixes"]:
         steps = "import" + (", detection" if fix_id in process else "") + (
             ", process-wide install" if fix_id in loaded["installed"] else "")
@@ -127,36 +127,36 @@ def test_red_pack_load_that_draws_is_caught():
 
 # -- detection, the Status node's table, process-wide install --------------------------------------------------
 
-@pytest.mark.parametrize("fix_id", sorted(patches.all_fixes()))
+@pytest.mark.parametrize("fix_id", sorted(pack_registry.all_fixes()))
 def test_detection_keeps_the_random_state(fix_id):
-    fix = patches.all_fixes()[fix_id]
+    fix = pack_registry.all_fixes()[fix_id]
     keeps_random_state([fix_id], "detection (detect)", fix.detect)
-    keeps_random_state([fix_id], "detection through the registry (status)", lambda: patches.status(fix))
+    keeps_random_state([fix_id], "detection through the registry (status)", lambda: pack_registry.status(fix))
 
 
 def test_status_table_keeps_the_random_state(request):
-    every = sorted(patches.all_fixes())
+    every = sorted(pack_registry.all_fixes())
     keeps_random_state(every, "the Status node's table (fresh detection)", status_table)
     if with_comfyui():
         request.getfixturevalue("comfyui")
         from minimax_hotfix.nodes import NODE_CLASS_MAPPINGS
 
-        patches.forget_detection()
+        pack_registry.forget_detection()
         node = NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"]()
         keeps_random_state(every, "the real MiniMaxHotfixStatus node (fresh detection)", node.report)
 
 
-@pytest.mark.parametrize("fix_id", sorted(fix.id for fix in patches.fixes_for("process")))
+@pytest.mark.parametrize("fix_id", sorted(fix.id for fix in pack_registry.fixes_for("process")))
 def test_process_wide_install_keeps_the_random_state(fix_id):
-    fix = patches.all_fixes()[fix_id]
-    if patches.status(fix).state is State.NOT_APPLICABLE:
-        pytest.skip(f"{fix_id} is not applicable here: {patches.status(fix).reason}")
+    fix = pack_registry.all_fixes()[fix_id]
+    if pack_registry.status(fix).state is State.NOT_APPLICABLE:
+        pytest.skip(f"{fix_id} is not applicable here: {pack_registry.status(fix).reason}")
     fix.uninstall()
     try:
         keeps_random_state([fix_id], "process-wide install and uninstall", lambda: (fix.install(), fix.uninstall()))
-        keeps_random_state([fix_id], "install_process_fixes (registry)", patches.install_process_fixes)
+        keeps_random_state([fix_id], "install_process_fixes (registry)", pack_registry.install_process_fixes)
     finally:
-        patches.uninstall_process_fixes()
+        pack_registry.uninstall_process_fixes()
 
 
 # -- first-use probes --------------------------------------------------------------------------------------------
@@ -206,8 +206,8 @@ def test_int8_compute_probe_keeps_the_random_state():
 
 def test_rope_first_wrapped_call_keeps_the_random_state():
     """ck_rope_device's wrapper on its first call: a stray CPU scale moved to q's (FakeTensor cuda) device, logged."""
-    from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
-    from minimax_hotfix.patches._kitchen import real_kitchen_routing, rope_inputs
+    from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
+    from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
 
     import comfy_kitchen
 
@@ -226,25 +226,27 @@ def test_rope_first_wrapped_call_keeps_the_random_state():
 
 
 def test_transformers_qwen3vl_attach_and_forward_keep_the_random_state():
+    from minimax_hotfix import api
+    from minimax_hotfix.diagnostics.self_tests import transformers_qwen3vl_pos_embed as tower_kit
     from minimax_hotfix.patches import transformers_qwen3vl_pos_embed as fix
 
-    if fix._reference_tower_class() is None:
+    if fix.reference_tower_class() is None:
         pytest.skip("transformers without Qwen3-VL")
-    tower, _ = keeps_random_state([fix.FIX.id], "tiny tower build (tiny_tower)", fix.tiny_tower)
-    pixels, grid = fix.tiny_inputs()
+    tower, _ = keeps_random_state([fix.FIX.id], "tiny tower build (tiny_tower)", tower_kit.tiny_tower)
+    pixels, grid = tower_kit.tiny_inputs()
     with torch.no_grad():
-        reference = fix.outputs(tower(pixels, grid))
+        reference = tower_kit.outputs(tower(pixels, grid))
         attached, _ = keeps_random_state([fix.FIX.id], "attach (attach_to_transformers_model) and forward",
-                                      lambda: (fix.attach_to_transformers_model(tower), tower(pixels, grid))[1])
-    fix.detach_from_transformers_model(tower)
-    assert all(map(torch.equal, fix.outputs(attached), reference))
+                                      lambda: (api.attach_to_transformers_model(tower), tower(pixels, grid))[1])
+    api.detach_from_transformers_model(tower)
+    assert all(map(torch.equal, tower_kit.outputs(attached), reference))
 
 
 # -- attach, load, forward, unload (the registry path the loaders and Apply nodes take) -------------------------
 
 def attach_run_detach(backend, patcher, fixes, run):
     for fix in fixes:
-        fix.attach(patcher, patches.key_for(fix))
+        fix.attach(patcher, pack_registry.key_for(fix))
     backend.load(patcher)
     try:
         with torch.no_grad():
@@ -252,7 +254,7 @@ def attach_run_detach(backend, patcher, fixes, run):
     finally:
         backend.unload(patcher)
         for fix in fixes:
-            fix.detach(patcher, patches.key_for(fix))
+            fix.detach(patcher, pack_registry.key_for(fix))
 
 
 @pytest.mark.parametrize("target", MODEL_TARGETS)
@@ -261,10 +263,10 @@ def test_registry_attach_keeps_the_random_state(target):
     so this is the registry's own path with whichever fixes do."""
     backend = StandInBackend()
     patcher = backend.patcher(tiny_model())
-    attached, _ = keeps_random_state([], f"attach_fixes({target!r})", lambda: patches.attach_fixes(patcher, target))
+    attached, _ = keeps_random_state([], f"attach_fixes({target!r})", lambda: pack_registry.attach_fixes(patcher, target))
     for fix_id in attached:
         COVERED[fix_id].append(f"attach_fixes({target!r}) on the stand-in patcher")
-    patches.detach_fixes(patcher, target)
+    pack_registry.detach_fixes(patcher, target)
 
 
 def comfy_models():
@@ -273,13 +275,15 @@ def comfy_models():
     import comfy.text_encoders.minimax_music as music
     from test_music3_graphs_comfyui import TINY_CONFIG
 
+    from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
+    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
     from minimax_hotfix.patches import qwen3vl_pos_embed
 
-    int8_layer = int8_full_precision_mm.tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
+    int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
     music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)  # noqa
     return {
         "qwen3vl_pos_embed": (qwen3vl_pos_embed.tiny_tower(),
-                              lambda tower: tower(qwen3vl_pos_embed.tiny_pixels(),
+                              lambda tower: tower(tiny_pixels(),
                                                   torch.tensor(qwen3vl_pos_embed.TINY_GRID))),
         "int8_full_precision_mm": (nn.Sequential(int8_layer), lambda model: model(torch.ones(2, 64))),
         "music3_graph_buffers": (music3(), lambda model: None),
@@ -294,17 +298,17 @@ def test_attach_on_comfyui_keeps_the_random_state(comfyui):
 
     backend = ComfyBackend()
     models = comfy_models()
-    for fix in [f for f in patches.all_fixes().values() if set(f.targets) & set(MODEL_TARGETS)]:
+    for fix in [f for f in pack_registry.all_fixes().values() if set(f.targets) & set(MODEL_TARGETS)]:
         with torch.random.fork_rng(devices=[]):  # the test's own models: built outside the watched region
             model, run = models.get(fix.id, (tiny_model(), lambda m: m(torch.ones(1, 4))))
         patcher = backend.patcher(model)
         keeps_random_state([fix.id], "attach on ComfyUI's ModelPatcher, load, forward, unload, detach",
                            lambda: attach_run_detach(backend, patcher, [fix], lambda: run(model)))
-    applied = [f.id for f in patches.all_fixes().values() if patches.status(f).state is State.APPLIED
+    applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.APPLIED
                and set(f.targets) & set(MODEL_TARGETS)]
     for node_id, target in (("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip")):
         stock = backend.patcher(tiny_model()) if target == "model" else ClipStandIn(backend.patcher(tiny_model()))
-        keeps_random_state([f for f in applied if target in patches.all_fixes()[f].targets],
+        keeps_random_state([f for f in applied if target in pack_registry.all_fixes()[f].targets],
                            f"the real {node_id} node", lambda: NODE_CLASS_MAPPINGS[node_id]().apply(**{target: stock}))
 
 
@@ -334,14 +338,14 @@ def test_red_a_detect_that_draws_is_caught(draw, monkeypatch):
     fix = ck_rope_device.FIX
     monkeypatch.setattr(fix, "detect", drawing(fix.detect, draw))
     with pytest.raises(AssertionError, match="changed the global random state"):
-        keeps_random_state([], "red control", lambda: patches.status(fix))
+        keeps_random_state([], "red control", lambda: pack_registry.status(fix))
 
 
 def test_red_an_attach_that_draws_is_caught(monkeypatch):
     from test_registry import CountingFix
 
     fix = CountingFix()
-    monkeypatch.setattr(fix, "install", drawing(fix.install, lambda: torch.rand(1)))
+    monkeypatch.setattr(fix, "hook_loaded_model", drawing(fix.hook_loaded_model, lambda: torch.rand(1)))
     backend = StandInBackend()
     patcher = backend.patcher(tiny_model())
     with pytest.raises(AssertionError, match="torch \\(CPU\\)"):
@@ -353,9 +357,11 @@ def test_red_a_first_use_probe_on_the_global_generator_is_caught(monkeypatch):
     """The static-cache probe as it was: its tiny Qwen3 built on the CPU with weights from the global generator."""
     import transformers
 
+    from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
+
     shim = transformers_static_cache
-    config = shim._probe_model().config
-    monkeypatch.setattr(shim, "_probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
+    config = static_cache_kernels.probe_model().config
+    monkeypatch.setattr(static_cache_kernels, "probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
     monkeypatch.setattr(shim, "_verdict", None)
     with pytest.raises(AssertionError, match="torch \\(CPU\\)"):
         keeps_random_state([], "red control", shim.verdict)
@@ -364,7 +370,7 @@ def test_red_a_first_use_probe_on_the_global_generator_is_caught(monkeypatch):
 # -- the list (last) -------------------------------------------------------------------------------------------------
 
 def test_paths_covered_per_fix():
-    every = sorted(patches.all_fixes())
+    every = sorted(pack_registry.all_fixes())
     print("\npaths covered per fix (" + ("with ComfyUI" if with_comfyui() else "without ComfyUI") + "):")
     for fix_id in every:
         print(f"  {fix_id}:")

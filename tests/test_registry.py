@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from minimax_hotfix import patches
-from minimax_hotfix.patches._fix import AttributeOverride, Fix, State, Status, model_injection, set_injection
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.registry.contract import AttributeOverride, Fix, State, Status
 from patchers import ComfyBackend, StandInBackend
 
 
@@ -41,12 +42,9 @@ class CountingFix(Fix):
     def count(self, module, args):
         self.calls += 1
 
-    def install(self, model):
+    def hook_loaded_model(self, model):
         hooks = [m.register_forward_pre_hook(self.count) for m in model.modules() if isinstance(m, nn.Linear)]
         return hooks + [AttributeOverride(model, "hotfixed", True)]
-
-    def attach(self, patcher, key):
-        set_injection(patcher, key, model_injection(self.install, self.id))
 
 
 class RaisingDetectFix(CountingFix):
@@ -77,8 +75,8 @@ def calls_per_forward(fix, backend, patcher):
 def test_attaching_twice_equals_attaching_once(backend, registry):
     (fix,) = registry(CountingFix())
     patcher = backend.patcher(tiny_model())
-    patches.attach_fixes(patcher, "model")
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
     assert calls_per_forward(fix, backend, patcher) == 2  # two Linear layers, one hook each
 
     # Red control: the same fix attached under a second key stacks, and the count shows it.
@@ -89,9 +87,9 @@ def test_attaching_twice_equals_attaching_once(backend, registry):
 def test_attaching_to_an_injected_patcher_does_not_stack(backend, registry):
     (fix,) = registry(CountingFix())
     patcher = backend.patcher(tiny_model())
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
     backend.load(patcher)
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
     before = fix.calls
     run(patcher.model)
     assert fix.calls - before == 2
@@ -104,19 +102,19 @@ def test_detaching_restores_the_original_objects(backend, registry):
     original = hook_state(patcher.model)
     reference = run(patcher.model)
 
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
     backend.load(patcher)
     assert patcher.model.hotfixed and hook_state(patcher.model) != original
-    patches.detach_fixes(patcher, "model")  # while loaded: the fix must leave at once
+    pack_registry.detach_fixes(patcher, "model")  # while loaded: the fix must leave at once
     assert hook_state(patcher.model) == original
     assert not hasattr(patcher.model, "hotfixed")
     assert torch.equal(run(patcher.model), reference)
     backend.unload(patcher)
 
     # Red control: dropping the injection without ejecting it leaves the hooks behind, and the check sees it.
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
     backend.load(patcher)
-    patcher.remove_injections(patches.key_for(CountingFix()))
+    patcher.remove_injections(pack_registry.key_for(CountingFix()))
     assert hook_state(patcher.model) != original
     backend.unload(patcher)
 
@@ -124,26 +122,26 @@ def test_detaching_restores_the_original_objects(backend, registry):
 def test_a_stock_model_in_the_same_process_is_untouched(backend, registry):
     (fix,) = registry(CountingFix())
     ours, stock = backend.patcher(tiny_model()), backend.patcher(tiny_model())
-    patches.attach_fixes(ours, "model")
+    pack_registry.attach_fixes(ours, "model")
     assert calls_per_forward(fix, backend, ours) == 2
     assert calls_per_forward(fix, backend, stock) == 0
     assert not hasattr(stock.model, "hotfixed") and not any(k.startswith("minimax_hotfix") for k in stock.injections)
 
     # A clone of the stock patcher with the fix (what the Apply nodes make) leaves the stock one clean too.
     fixed_clone = stock.clone()
-    patches.attach_fixes(fixed_clone, "model")
+    pack_registry.attach_fixes(fixed_clone, "model")
     assert calls_per_forward(fix, backend, fixed_clone) == 2
     assert calls_per_forward(fix, backend, stock) == 0
 
     # Red control: attaching to the stock patcher too is caught by the same check.
-    patches.attach_fixes(stock, "model")
+    pack_registry.attach_fixes(stock, "model")
     assert calls_per_forward(fix, backend, stock) == 2
 
 
 def test_fixes_survive_clone_and_rebuild_from_cached_patcher_init(backend, registry):
     (fix,) = registry(CountingFix())
     patcher = backend.patcher(tiny_model(), factory_args=(tiny_model,))
-    patches.attach_fixes(patcher, "model")
+    pack_registry.attach_fixes(patcher, "model")
 
     clone = patcher.clone()
     assert calls_per_forward(fix, backend, clone) == 2
@@ -153,7 +151,7 @@ def test_fixes_survive_clone_and_rebuild_from_cached_patcher_init(backend, regis
 
     # Red control: a fix that edits the module tree directly instead of the patcher is lost on rebuild.
     direct = backend.patcher(tiny_model(), factory_args=(tiny_model,))
-    fix.install(direct.model)
+    fix.hook_loaded_model(direct.model)
     assert calls_per_forward(fix, backend, backend.rebuild(direct)) == 0
 
 
@@ -161,11 +159,11 @@ def test_a_failing_detection_fails_only_that_fix_and_logs_once(backend, registry
     good, bad = registry(CountingFix(), RaisingDetectFix())
     patcher = backend.patcher(tiny_model())
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
-        assert patches.attach_fixes(patcher, "model") == [good.id]
-        patches.attach_fixes(backend.patcher(tiny_model()), "model")
-        assert patches.status(bad).state is State.FAILED
-    assert "target moved" in patches.status(bad).reason
-    assert [r.getMessage() for r in caplog.records].count(f"MiniMax Hotfix: {bad.id}: {patches.status(bad).reason}") == 1
+        assert pack_registry.attach_fixes(patcher, "model") == [good.id]
+        pack_registry.attach_fixes(backend.patcher(tiny_model()), "model")
+        assert pack_registry.status(bad).state is State.FAILED
+    assert "target moved" in pack_registry.status(bad).reason
+    assert [r.getMessage() for r in caplog.records].count(f"MiniMax Hotfix: {bad.id}: {pack_registry.status(bad).reason}") == 1
     assert calls_per_forward(good, backend, patcher) == 2
 
     # Red control: the detection really raises when called outside the registry.
@@ -175,71 +173,71 @@ def test_a_failing_detection_fails_only_that_fix_and_logs_once(backend, registry
 
 def test_failed_and_switched_off_are_different_states(monkeypatch, registry):
     good, bad = registry(CountingFix(), RaisingDetectFix())
-    monkeypatch.setenv(patches.DISABLE_ENV, good.id)
-    assert status_report_rows() == [(good.id, "disabled", f"switched off by {patches.DISABLE_ENV}"),
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, good.id)
+    assert status_report_rows() == [(good.id, "disabled", f"switched off by {pack_registry.DISABLE_ENV}"),
                                     (bad.id, "failed", "detection failed (RuntimeError: target moved); fix left off")]
     # Red control: switched off too, the failing fix reads "disabled": the switch wins, detection never runs.
-    monkeypatch.setenv(patches.DISABLE_ENV, f"{good.id},{bad.id}")
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, f"{good.id},{bad.id}")
     assert [row[1] for row in status_report_rows()] == ["disabled", "disabled"]
 
 
 def status_report_rows():
-    from minimax_hotfix.patches._report import status_rows
+    from minimax_hotfix.registry.status_table import status_rows
 
-    return status_rows(list(patches.all_fixes().values()))
+    return status_rows(list(pack_registry.all_fixes().values()))
 
 
 def test_a_fix_module_that_fails_to_import_is_skipped(monkeypatch, tmp_path, caplog):
     (tmp_path / "broken_fix.py").write_text("raise ImportError('needs a newer ComfyUI')\n")
     (tmp_path / "good_fix.py").write_text(
-        "from minimax_hotfix.patches._fix import Fix, State, Status\n"
+        "from minimax_hotfix.registry.contract import Fix, State, Status\n"
         "class Good(Fix):\n    id = 'good_fix'\n    targets = ('vae',)\n"
         "    def detect(self):\n        return Status(State.NOT_APPLICABLE, 'test')\n"
         "FIX = Good()\n"
     )
     monkeypatch.setattr(patches, "__path__", [str(tmp_path)])
-    monkeypatch.setattr(patches, "_fixes", None)
-    monkeypatch.setattr(patches, "_broken_modules", {})
+    monkeypatch.setattr(pack_registry, "_fixes", None)
+    monkeypatch.setattr(pack_registry, "_broken_modules", {})
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
-        assert list(patches.all_fixes()) == ["good_fix"]
-    assert "needs a newer ComfyUI" in patches.broken_modules()["broken_fix"]
+        assert list(pack_registry.all_fixes()) == ["good_fix"]
+    assert "needs a newer ComfyUI" in pack_registry.broken_modules()["broken_fix"]
     assert any("broken_fix failed to import" in r.getMessage() for r in caplog.records)
-    from minimax_hotfix.patches._report import status_rows
+    from minimax_hotfix.registry.status_table import status_rows
 
     assert status_rows()[-1] == ("broken_fix", "failed", "module failed to import: ImportError: needs a newer ComfyUI")
-    monkeypatch.setattr(patches, "_fixes", None)  # the next test rediscovers the real fixes
+    monkeypatch.setattr(pack_registry, "_fixes", None)  # the next test rediscovers the real fixes
 
 
 def test_the_off_switch_disables_a_fix_without_detecting_it(monkeypatch, registry):
     good, bad = registry(CountingFix(), RaisingDetectFix())
-    monkeypatch.setenv(patches.DISABLE_ENV, f"{bad.id}, {good.id}")
-    assert patches.status(good) == patches.status(bad) == Status(State.DISABLED, f"switched off by {patches.DISABLE_ENV}")
-    assert patches.attach_fixes(StandInBackend().patcher(tiny_model()), "model") == []
-    monkeypatch.setenv(patches.DISABLE_ENV, "all")
-    assert patches.status(good).state is State.DISABLED
-    monkeypatch.delenv(patches.DISABLE_ENV)
-    assert patches.status(good).state is State.APPLIED
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, f"{bad.id}, {good.id}")
+    assert pack_registry.status(good) == pack_registry.status(bad) == Status(State.DISABLED, f"switched off by {pack_registry.DISABLE_ENV}")
+    assert pack_registry.attach_fixes(StandInBackend().patcher(tiny_model()), "model") == []
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, "all")
+    assert pack_registry.status(good).state is State.DISABLED
+    monkeypatch.delenv(pack_registry.DISABLE_ENV)
+    assert pack_registry.status(good).state is State.APPLIED
 
 
 @pytest.mark.parametrize("switch", ["ALL", "All", "TEST_COUNTING", " Test_Counting "])
 def test_the_off_switch_ignores_case(monkeypatch, registry, switch):
     (fix,) = registry(CountingFix())
-    monkeypatch.setenv(patches.DISABLE_ENV, switch)
-    assert patches.status(fix).state is State.DISABLED
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, switch)
+    assert pack_registry.status(fix).state is State.DISABLED
     # Red control: the switch's spelling differs from the id and from "all", so an exact match would miss it.
     assert switch not in (fix.id, "all")
 
 
 def test_an_unknown_id_in_the_off_switch_is_logged_once_with_the_known_ids(monkeypatch, registry, caplog):
     (fix,) = registry(CountingFix())
-    monkeypatch.setattr(patches, "_reported_unknown_ids", set())
-    monkeypatch.setenv(patches.DISABLE_ENV, "test_countin, all_fixes")
+    monkeypatch.setattr(pack_registry, "_reported_unknown_ids", set())
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, "test_countin, all_fixes")
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
         for _ in range(3):
             # Red control: the typo switches nothing off, so without the warning nothing would tell.
-            assert patches.status(fix).state is State.APPLIED
+            assert pack_registry.status(fix).state is State.APPLIED
     assert [r.getMessage() for r in caplog.records] == [
-        f"MiniMax Hotfix: {patches.DISABLE_ENV} names no known fix: all_fixes, test_countin "
+        f"MiniMax Hotfix: {pack_registry.DISABLE_ENV} names no known fix: all_fixes, test_countin "
         f"(known ids: {fix.id}, or all)"
     ]
 
@@ -262,10 +260,10 @@ class ProvisionalFix(CountingFix):
 def test_a_provisional_status_is_asked_again_until_final(registry, caplog):
     (fix,) = registry(ProvisionalFix())
     with caplog.at_level(logging.INFO, logger="minimax_hotfix"):
-        assert patches.status(fix).reason == patches.status(fix).reason == "guard installed"
+        assert pack_registry.status(fix).reason == pack_registry.status(fix).reason == "guard installed"
         fix.verdict = Status(State.FIXED_UPSTREAM, "probed on first use")
-        assert patches.status(fix) == fix.verdict
-        patches.status(fix)
+        assert pack_registry.status(fix) == fix.verdict
+        pack_registry.status(fix)
     assert fix.detections == 3  # asked while provisional, then never again
     assert [r.getMessage() for r in caplog.records] == [
         "MiniMax Hotfix: test_provisional: applied (guard installed)",

@@ -23,12 +23,14 @@ import pytest
 import torch
 import transformers
 
-from minimax_hotfix import patches
-from minimax_hotfix.kernels.nested_tensors import move_nested, nested_tensors
-from minimax_hotfix.patches import State
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
+from minimax_hotfix.kernels.transformers_static_cache import move_nested, nested_tensors
+from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches import transformers_static_cache as shim
-from minimax_hotfix.patches._devices import fake_cuda_mode
-from minimax_hotfix.patches._report import status_rows
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode
+from minimax_hotfix.registry.status_table import status_rows
+from minimax_hotfix.diagnostics import self_test
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning")  # host inputs on purpose
 
@@ -119,7 +121,7 @@ def generate_on_fake_cuda(model):
     reached = set()
     with fake_cuda_mode() as mode:
         pass
-    shim.to_fake_cuda(model, mode)
+    static_cache_kernels.to_fake_cuda(model, mode)
 
     @functools.wraps(cls.prepare_inputs_for_generation)
     def prepare_inputs_for_generation(*args, **kwargs):
@@ -180,10 +182,10 @@ def test_move_nested_moves_containers_and_leaves_other_objects():
 
 
 def test_registry_lists_the_fix_with_its_off_switch(monkeypatch):
-    assert shim.FIX in patches.fixes_for("process") and patches.all_fixes()[shim.FIX_ID] is shim.FIX
+    assert shim.FIX in pack_registry.fixes_for("process") and pack_registry.all_fixes()[shim.FIX_ID] is shim.FIX
     assert shim.FIX_ID in [row[0] for row in status_rows()]
-    monkeypatch.setenv(patches.DISABLE_ENV, shim.FIX_ID)
-    assert patches.status(shim.FIX).state is State.DISABLED
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, shim.FIX_ID)
+    assert pack_registry.status(shim.FIX).state is State.DISABLED
 
 
 @latest_only
@@ -193,10 +195,11 @@ def test_install_is_lazy_and_reversible():
     code = (
         "import sys, torch\n"
         f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
-        "from minimax_hotfix.patches import transformers_static_cache as shim, State\n"
-        "from minimax_hotfix import patches\n"
-        "assert shim.FIX in patches.fixes_for('process')\n"
-        "assert patches.status(shim.FIX).state is State.FIXED_UPSTREAM, 'no guard at pack load on a fixed transformers'\n"
+        "from minimax_hotfix.patches import transformers_static_cache as shim\n"
+        "from minimax_hotfix.registry.contract import State\n"
+        "from minimax_hotfix import registry as pack_registry\n"
+        "assert shim.FIX in pack_registry.fixes_for('process')\n"
+        "assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM, 'no guard at pack load on a fixed transformers'\n"
         "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
         "shim.FIX.install(); shim.FIX.install()\n"
         "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
@@ -219,8 +222,8 @@ def test_install_is_lazy_and_reversible():
 @latest_only
 def test_latest_version_gets_no_guard_at_pack_load(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
-    patches.forget_detection()
-    assert patches.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
+    pack_registry.forget_detection()
+    assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
     assert shim._verdict is None  # decided without importing or probing transformers
 
 
@@ -269,7 +272,7 @@ def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
     shim.FIX.install()
     try:
         model = tp_model(plan)
-        original = shim._unwrapped(transformers.GenerationMixin, shim.INIT_SHAPE)
+        original = shim.unwrapped(transformers.GenerationMixin, shim.INIT_SHAPE)
         assert model._get_static_cache_init_shape() == original(model) == (heads, 8)
     finally:
         shim.FIX.uninstall()
@@ -294,7 +297,7 @@ def test_transformers_5_19_subprocess():
         pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it from "
                     f"tests/requirements-transformers-{AFFECTED}.txt")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")])))
-    env.pop(patches.DISABLE_ENV, None)
+    env.pop(pack_registry.DISABLE_ENV, None)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "affected",
                              str(Path(__file__).relative_to(ROOT))],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -310,14 +313,14 @@ def test_affected_probe_finds_both_bugs():
     found = shim.verdict()
     assert (found.masks.state, found.tp_heads.state) == (State.APPLIED, State.APPLIED), found
     assert shim.FIX.detect().state is State.APPLIED
-    assert all(check.passed for check in shim.FIX.self_test())
+    assert all(check.passed for check in self_test(shim.FIX))
 
 
 @affected_only
 def test_affected_version_gets_the_guard_at_pack_load(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
-    patches.forget_detection()
-    found = patches.status(shim.FIX)  # APPLIED is what makes the registry install it at pack load
+    pack_registry.forget_detection()
+    found = pack_registry.status(shim.FIX)  # APPLIED is what makes the registry install it at pack load
     assert found.state is State.APPLIED and found.provisional
 
 
@@ -396,8 +399,8 @@ def test_affected_seeded_generate_is_the_same_on_first_use(monkeypatch):
 @affected_only
 def test_affected_seeded_generate_red_with_a_probe_on_the_global_generator(monkeypatch):
     """Red control: the probe model built as before, with weights drawn from the global generator on the CPU."""
-    config = shim._probe_model().config
-    monkeypatch.setattr(shim, "_probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
+    config = static_cache_kernels.probe_model().config
+    monkeypatch.setattr(static_cache_kernels, "probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
     first, second, without_pack = first_use_and_later_ids(monkeypatch)
     assert first != second == without_pack
 
@@ -405,12 +408,12 @@ def test_affected_seeded_generate_red_with_a_probe_on_the_global_generator(monke
 @affected_only
 def test_affected_verdict_is_logged_once(installed, monkeypatch, caplog):
     monkeypatch.setattr(shim, "_verdict", None)
-    patches.forget_detection()
+    pack_registry.forget_detection()
     caplog.set_level("INFO", logger="minimax_hotfix")
-    assert patches.status(shim.FIX).provisional  # as at pack load
+    assert pack_registry.status(shim.FIX).provisional  # as at pack load
     tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
     status_rows()  # the Status node asks again
-    patches.status(shim.FIX)
+    pack_registry.status(shim.FIX)
     verdicts = [record.getMessage() for record in caplog.records if "nested masks:" in record.getMessage()]
     assert len(verdicts) == 1, verdicts
 
@@ -447,7 +450,7 @@ def test_affected_tp_early_initialized_cache_has_every_kv_head(installed):
 
 @affected_only
 def test_affected_off_switch_restores_the_original_behaviour(installed, fake_cuda_indexing, monkeypatch):
-    monkeypatch.setenv(patches.DISABLE_ENV, shim.FIX_ID)
+    monkeypatch.setenv(pack_registry.DISABLE_ENV, shim.FIX_ID)
     with pytest.raises(RuntimeError, match=MISMATCH):
         generate_on_fake_cuda(tiny_qwen3())
     assert tp_model(MLP_ONLY)._get_static_cache_init_shape() == (1, 8)

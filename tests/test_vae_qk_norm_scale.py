@@ -13,13 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_hotfix import patches
+from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
-from minimax_hotfix.kernels.resident_copies import HostToDeviceCopies, ResidentCopies
+from minimax_hotfix.diagnostics.devices import HostToDeviceCopies
+from minimax_hotfix.diagnostics.self_tests.vae_qk_norm_scale import UnitScaleRmsRope
+from minimax_hotfix.kernels.resident_copies import ResidentCopies
 from minimax_hotfix.patches import vae_qk_norm_scale
-from minimax_hotfix.patches._devices import fake_cuda_mode, on_fake_cuda
-from minimax_hotfix.patches._fix import State
-from minimax_hotfix.patches._kitchen import is_device_mismatch, real_kitchen_routing, rope_inputs
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
+from minimax_hotfix.kernels.rope_device import is_device_mismatch
+from minimax_hotfix.diagnostics import self_test
 
 FIX = vae_qk_norm_scale.FIX
 
@@ -60,7 +64,7 @@ def test_call_site_reading(module, raw):
 
 # --- the hooks on the stand-in module ---------------------------------------------------------------------------------
 
-class CallSiteFixed(vae_qk_norm_scale.UnitScaleRmsRope):
+class CallSiteFixed(UnitScaleRmsRope):
     """What upstream PR #16391 does: move the buffer at the call site, on every call."""
 
     def forward(self, q, k, table):
@@ -89,13 +93,13 @@ def fake_cuda_calls(module, hooked, calls=4):
 
 
 def test_red_buffer_left_on_cpu_fails_in_eager():
-    chosen, _, error = fake_cuda_calls(vae_qk_norm_scale.UnitScaleRmsRope(64, torch.bfloat16), hooked=False)
+    chosen, _, error = fake_cuda_calls(UnitScaleRmsRope(64, torch.bfloat16), hooked=False)
     assert chosen == ["eager"] and is_device_mismatch(error)
     assert "Expected all tensors to be on the same device" in str(error)
 
 
 def test_green_hooked_module_is_routed_to_cuda_and_copies_only_on_the_first_call():
-    module = vae_qk_norm_scale.UnitScaleRmsRope(64, torch.bfloat16)
+    module = UnitScaleRmsRope(64, torch.bfloat16)
     left_behind = module.qk_norm_scale
     chosen, copies, error = fake_cuda_calls(module, hooked=True)
     assert error is None and chosen == ["cuda"] * 4
@@ -110,7 +114,7 @@ def test_the_upstream_call_site_fix_copies_on_every_call():
 
 def test_values_with_the_hooks_equal_the_unhooked_module_on_one_device():
     q, k, table, _ = rope_inputs(lambda t: t.float())
-    module = vae_qk_norm_scale.UnitScaleRmsRope(64, torch.float32)
+    module = UnitScaleRmsRope(64, torch.float32)
     expected = module(q, k, table)
     handles = vae_qk_norm_scale.install_on([module])
     got = module(q, k, table)
@@ -180,15 +184,15 @@ def test_follows_comfyui_moving_and_restoring_the_buffer():
 
 
 def test_self_test_red_then_green():
-    checks = list(FIX.self_test())
+    checks = list(self_test(FIX))
     assert checks[0].name.startswith("red:") and all(check.passed for check in checks), checks
 
 
 def test_not_applicable_without_comfyui():
     if vae_qk_norm_scale.comfy_module(vae_qk_norm_scale.VAE_MODULE) is not None:
         pytest.skip("ComfyUI is importable in this run; its detection is tested below")
-    patches.forget_detection()
-    assert patches.status(FIX).state == State.NOT_APPLICABLE
+    pack_registry.forget_detection()
+    assert pack_registry.status(FIX).state == State.NOT_APPLICABLE
 
 
 # --- a real ComfyUI: COMFYUI_PATH ------------------------------------------------------------------------------------
@@ -203,9 +207,9 @@ def expected_state_from_source(path: Path) -> State:
 
 
 def test_detection_on_the_running_comfyui(comfyui):
-    patches.forget_detection()
+    pack_registry.forget_detection()
     expected = expected_state_from_source(Path(comfyui) / "comfy" / "ldm" / "minimax" / "vae.py")
-    assert patches.status(FIX).state == expected
+    assert pack_registry.status(FIX).state == expected
 
 
 @pytest.fixture
@@ -247,7 +251,7 @@ def partially_loaded(vae, with_fix):
     decoder = tiny_decoder(vae)
     patcher = ModelPatcher(decoder, load_device=torch.device("meta"), offload_device=torch.device("cpu"))
     if with_fix:
-        patches.attach_fixes(patcher, "vae")  # as the pack's VAE loader does: honours MINIMAX_HOTFIX_DISABLE
+        pack_registry.attach_fixes(patcher, "vae")  # as the pack's VAE loader does: honours MINIMAX_HOTFIX_DISABLE
     patcher.patch_model(device_to=torch.device("meta"),
                         lowvram_model_memory=comfy.model_management.module_size(decoder) // 2)
     assert decoder.model_lowvram and {p.device.type for p in decoder.parameters()} == {"meta", "cpu"}
@@ -299,7 +303,7 @@ def test_fully_resident_decode_is_bitwise_unchanged(vae):
     with torch.no_grad():
         expected = decoder(latent)
         patcher = ModelPatcher(decoder, load_device=torch.device("cpu"), offload_device=torch.device("cpu"))
-        FIX.attach(patcher, patches.key_for(FIX))
+        FIX.attach(patcher, pack_registry.key_for(FIX))
         patcher.patch_model(device_to=torch.device("cpu"))
         assert decoder._forward_pre_hooks  # injected on load
         got = decoder(latent)
@@ -310,7 +314,7 @@ def test_fully_resident_decode_is_bitwise_unchanged(vae):
 def test_install_hooks_the_decoder_of_the_real_vae(vae):
     with torch.device("meta"):
         model = vae.MiniMaxH3VideoVAE()
-    handles = FIX.install(model)
+    handles = FIX.hook_loaded_model(model)
     assert model.decoder._forward_pre_hooks and model.decoder._forward_hooks
     assert not any(m._forward_pre_hooks for m in model.modules() if m is not model.decoder)
     for handle in handles:

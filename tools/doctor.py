@@ -64,7 +64,7 @@ def select_fixes(fix_id):
     """Every fix (None), or the one fix ``fix_id`` names (case-insensitive)."""
     if fix_id is None:
         return None
-    from minimax_hotfix.patches import all_fixes
+    from minimax_hotfix.registry import all_fixes
 
     fixes = {fix.id.lower(): fix for fix in all_fixes().values()}
     if fix_id.lower() not in fixes:
@@ -84,13 +84,13 @@ def run_audit(files, as_json: bool) -> int:
 
 def run(args) -> int:
     load_pack()
-    from minimax_hotfix.patches._report import pack_release
+    from minimax_hotfix.diagnostics.report import pack_release
 
     if args.version:
         print(f"minimax-hotfix {pack_release()}")
         return 0
     require_torch()
-    from minimax_hotfix.patches._comfy import ComfyUIUnavailable, use_comfyui_checkout
+    from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
 
     try:
         use_comfyui_checkout()
@@ -99,7 +99,7 @@ def run(args) -> int:
     if args.audit is not None:
         return run_audit(args.audit, args.json)
     fixes = select_fixes(args.fix)
-    from minimax_hotfix.patches._report import doctor_report, run_doctor
+    from minimax_hotfix.diagnostics.report import doctor_report, run_doctor
 
     if args.json:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document alone

@@ -49,3 +49,9 @@ def comfy_module(name: str):
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def is_music3_text_encoder(model) -> bool:
+    """Whether ``model`` is ComfyUI's MiniMax Music 3 text encoder (its AR model); False where ComfyUI lacks it."""
+    ar = comfy_module("comfy.ldm.minimax_music.ar")
+    return ar is not None and isinstance(model, ar.MiniMaxMusic3AR)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .capture_policy import emulated_capture
-from .static_buffers import StaticBufferPool, with_decode_buffers
+from ..kernels.static_buffers import StaticBufferPool, with_decode_buffers
+from .emulated_capture import emulated_capture
 
 Q4_0_BLOCK = 32
 Q4_0_TYPE = 2

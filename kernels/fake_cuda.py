@@ -1,24 +1,12 @@
-"""A second device for self-tests and tests: the real accelerator where there is one, otherwise FakeTensor
-"cuda" tensors on CPU, which raise the same "Expected all tensors to be on the same device" text as CUDA.
-
-FakeTensor pitfalls (see docs/testing.md): ``.to("cuda")`` fails on a CPU-only torch, so fake tensors are
-made with ``on_fake_cuda``; fake tensors carry no data, so values are compared on real devices only.
-"""
+"""A second device on any machine: FakeTensor "cuda" tensors on CPU, which raise the same "Expected all tensors to be
+on the same device" text as CUDA and carry no data (values are compared on real devices only). ``.to("cuda")`` fails
+on a CPU-only torch, so fake tensors are made with ``on_fake_cuda``."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
-
-
-def real_accelerator() -> torch.device | None:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return None
 
 
 @contextlib.contextmanager

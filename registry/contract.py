@@ -1,19 +1,21 @@
 """The contract every fix in ``patches/`` implements, and the per-model hook plumbing they share.
 
-A fix module defines one ``FIX = SomeFix()``. The registry (``patches/__init__.py``) finds it, asks it once
-whether the running code still has the bug (``detect``), attaches it to a model's patcher on request
-(``attach``), and runs its ``self_test`` for the doctor. Nothing here imports ComfyUI: fixes reach ComfyUI
-objects only through the patcher they are handed.
+A fix module defines one ``FIX = SomeFix()``. The registry (``registry/__init__.py``) finds it, asks it once
+whether the running code still has the bug (``detect``), attaches it to a model's patcher on request (``attach``)
+or installs it process-wide (``install``). Its self-test lives apart, in ``diagnostics/self_tests/<id>.py``, and
+only the doctor and the tests import it. Nothing here imports ComfyUI: fixes reach ComfyUI objects only through the
+patcher they are handed (or ``registry/comfy.py``).
 """
 
 from __future__ import annotations
 
 import enum
+import importlib.metadata
 import logging
 import types
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 PACK_KEY = "minimax_hotfix"
 
@@ -30,6 +32,19 @@ class State(str, enum.Enum):
     NOT_AFFECTED = "not affected"
     FAILED = "failed"
     DISABLED = "disabled"
+
+
+class Target(str, enum.Enum):
+    """What a fix attaches to: the patcher of a VAE, a CLIP or a MODEL (per model, via ``attach``), or the process
+    (a guarded global patch, via ``install``/``uninstall``)."""
+
+    VAE = "vae"
+    CLIP = "clip"
+    MODEL = "model"
+    PROCESS = "process"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -50,23 +65,49 @@ class Check:
     detail: str = ""
 
 
-class Fix:
-    """Base class. Subclasses set the class attributes and implement ``detect``.
+@dataclass(frozen=True)
+class Retirement:
+    """When the fix goes: ``fixed_by`` names the upstream change that makes it obsolete (or says none is known yet);
+    ``delete_when`` is the condition under which its file can be deleted."""
 
-    ``targets`` names the objects the fix attaches to: ``"vae"``, ``"clip"``, ``"model"`` (per-model, via
-    ``attach``) or ``"process"`` (a guarded global patch, via ``install``/``uninstall``).
-    """
+    fixed_by: str
+    delete_when: str
+
+
+@dataclass(frozen=True)
+class RegistryLink:
+    """What the registry hands each fix it finds (``Fix.link``), so that code a fix runs long after install (a wrapper
+    called on first use) can honour the off switch and report a new status without importing the registry:
+    ``switched_off()`` reads the user's off switch now; ``refresh_status()`` makes the registry ask ``detect`` again
+    and log the answer if it changed."""
+
+    switched_off: Callable[[], bool] = lambda: False
+    refresh_status: Callable[[], object] = lambda: None
+
+
+class Fix:
+    """Base class. Subclasses set the class attributes and implement ``detect``, then either ``hook_loaded_model``
+    (per-model fixes: the default ``attach`` runs it after each load of a patcher's model) or ``install``/``uninstall``
+    (``Target.PROCESS`` fixes)."""
 
     id: str = ""
     title: str = ""
-    targets: tuple[str, ...] = ()
+    targets: tuple[Target, ...] = ()
     upstream: str = ""
+    retirement: Retirement = Retirement("unknown", "unknown")
+    link: RegistryLink = RegistryLink()
 
     def detect(self) -> Status:
         raise NotImplementedError
 
+    def hook_loaded_model(self, model) -> list:
+        """Patch one loaded model (hooks, instance attributes); return handles whose ``.remove()`` undoes each."""
+        return []
+
     def attach(self, patcher, key: str) -> None:
-        """Attach to one patcher under ``key``. Must replace, never stack, what the same key attached before."""
+        """Attach to one patcher under ``key``, replacing what the same key attached before: by default an injection
+        that runs ``hook_loaded_model`` after each load and undoes it on eject."""
+        set_injection(patcher, key, model_injection(self.hook_loaded_model, self.id))
 
     def detach(self, patcher, key: str) -> None:
         """Undo ``attach``. The default covers fixes that attach only injections; others override it."""
@@ -78,8 +119,13 @@ class Fix:
     def uninstall(self) -> None:
         """Process-wide fixes only: restore the original objects."""
 
-    def self_test(self) -> Iterable[Check]:
-        return ()
+
+def package_version(distribution: str) -> str:
+    """The installed version of ``distribution`` from its metadata (no import), or "not installed"."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 class AttributeOverride:
@@ -102,11 +148,18 @@ class AttributeOverride:
             setattr(self.obj, self.name, self.previous)
 
 
-def model_injection(install: Callable[[object], list], fix_id: str):
-    """A ComfyUI ``PatcherInjection`` that runs ``install(patcher.model)`` after each load and undoes it on eject.
+def remove_handles(handles) -> None:
+    """Remove ``handles`` newest first, so attribute overrides stacked on one name restore the original."""
+    for handle in reversed(handles):
+        handle.remove()
 
-    ``install`` returns handles with ``.remove()`` (torch hook handles, ``AttributeOverride``). Injecting a model
-    that is already injected is a no-op, so repeated loads never stack hooks. Each install is logged with its
+
+def model_injection(hook_loaded_model: Callable[[object], list], fix_id: str):
+    """A ComfyUI ``PatcherInjection`` that runs ``hook_loaded_model(patcher.model)`` after each load and undoes it on
+    eject.
+
+    ``hook_loaded_model`` returns handles with ``.remove()`` (torch hook handles, ``AttributeOverride``). Injecting a
+    model that is already injected is a no-op, so repeated loads never stack hooks. Each hooking is logged with its
     hook count, so a user's log shows whether a fix found anything to repair in the loaded model.
     """
     handles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -114,13 +167,12 @@ def model_injection(install: Callable[[object], list], fix_id: str):
     def inject(patcher) -> None:
         model = patcher.model
         if model not in handles:
-            handles[model] = list(install(model))
+            handles[model] = list(hook_loaded_model(model))
             log.info("MiniMax Hotfix: %s hooked %d module(s) of %s (%d hook(s))", fix_id,
                      hooked_modules(handles[model]), type(model).__name__, len(handles[model]))
 
     def eject(patcher) -> None:
-        for handle in reversed(handles.pop(patcher.model, [])):
-            handle.remove()
+        remove_handles(handles.pop(patcher.model, []))
 
     try:
         from comfy.patcher_extension import PatcherInjection

@@ -1,9 +1,6 @@
-"""comfy-kitchen plumbing shared by ck_rope_device and vae_qk_norm_scale (their detection and self-tests) and by
-their tests and benchmark; not a fix module.
-
-The device-mismatch predicate, kitchen's backend routing replayed for FakeTensor "cuda" and meta inputs (CI machines
-have no CUDA), rope inputs shaped for the fused CUDA kernel, the red control, and kitchen's rope functions as kitchen
-defines them (past ck_rope_device's process-wide alignment).
+"""comfy-kitchen plumbing shared by the self-tests of ck_rope_device and vae_qk_norm_scale, their tests and
+benchmark: kitchen's backend routing replayed for FakeTensor "cuda" and meta inputs (CI machines have no CUDA), rope
+inputs shaped for the fused CUDA kernel, and the red control.
 """
 
 from __future__ import annotations
@@ -13,22 +10,8 @@ import types
 
 import torch
 
-from ..kernels.rope_device import rope_function_names, unaligned
-from ._fix import Check
-
-
-def is_device_mismatch(exc: BaseException) -> bool:
-    """The error torch raises when one op mixes devices (CUDA, FakeTensor "cuda", meta and CPU wordings)."""
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("same device" in text or "on the expected device" in text)
-
-
-def unaligned_kitchen(name: str):
-    """``comfy_kitchen.<name>`` as kitchen defines it: a red control must reach kitchen even while ck_rope_device's
-    wrapper, which would align the stray operand, is installed in this process."""
-    import comfy_kitchen
-
-    return unaligned(getattr(comfy_kitchen, name))
+from ..kernels.rope_device import is_device_mismatch, rope_function_names
+from ..registry.contract import Check
 
 
 @contextlib.contextmanager

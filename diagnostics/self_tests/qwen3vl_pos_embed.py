@@ -1,0 +1,68 @@
+"""Self-test of qwen3vl_pos_embed: a tiny ComfyUI Qwen3-VL vision tower with ``pos_embed`` left in CPU RAM and the
+rest on the compute device (the accelerator, or ``meta``): without the fix the position gather runs on the CPU (red),
+with it on the compute device with equal outputs (green); all on CPU, bit-identical to the stock tower."""
+
+from __future__ import annotations
+
+import torch
+
+from ...patches.qwen3vl_pos_embed import TINY_GRID, TINY_TOWER, comfy_tower_class, install_on_towers, tiny_tower
+from ...registry.contract import Check, remove_handles
+from ..devices import real_accelerator
+
+
+def tiny_pixels(seed: int = 1) -> torch.Tensor:
+    """Random patch rows for ``TINY_GRID`` (one row per patch: channels x temporal patch x patch²)."""
+    row = TINY_TOWER["in_channels"] * TINY_TOWER["temporal_patch_size"] * TINY_TOWER["patch_size"] ** 2
+    return torch.randn(sum(t * h * w for t, h, w in TINY_GRID), row, generator=torch.Generator().manual_seed(seed))
+
+
+def outputs(output) -> list[torch.Tensor]:
+    """The tower's merged tokens and DeepStack features, as one list."""
+    merged, deepstack = output
+    return [merged, *deepstack]
+
+
+def self_test():
+    if comfy_tower_class() is None:
+        return ()
+    device = real_accelerator() or torch.device("meta")
+    checks = []
+    tower = tiny_tower()
+    grid = torch.tensor(TINY_GRID)
+    pixels = tiny_pixels()
+    resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
+    with_fix = install_on_towers(tower)
+    try:  # run first, while the tower is all on cpu; printed after the red control and its green
+        all_on_cpu = Check("green: all on cpu, output bit-identical to the stock tower",
+                           all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
+    finally:
+        remove_handles(with_fix)
+
+    gather_devices: list[torch.device] = []
+    spy = tower.pos_embed.register_forward_pre_hook(lambda mod, args: gather_devices.append(args[0].device))
+    weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
+    tower.to(device)
+    tower.pos_embed.weight = weight  # offloaded: the weight stays in CPU RAM
+    try:
+        stock = outputs(tower(pixels.to(device), grid))
+        checks.append(Check(f"red: fix off, pos_embed in CPU RAM, compute on {device.type}: the position "
+                            "gather runs on the CPU", gather_devices == [torch.device("cpu")],
+                            f"gather ran on {[d.type for d in gather_devices]}"))
+        gather_devices.clear()
+        with_fix = install_on_towers(tower)
+        try:
+            fixed = outputs(tower(pixels.to(device), grid))
+        finally:
+            remove_handles(with_fix)
+        same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
+        if device.type != "meta":
+            same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
+        compared = "shapes and devices" if device.type == "meta" else "values"
+        checks.append(Check(f"green: fix on: the gather runs on {device.type}, output {compared} equal to "
+                            "the stock tower's",
+                            gather_devices == [device] and same,
+                            f"gather ran on {[d.type for d in gather_devices]}"))
+    finally:
+        spy.remove()
+    return [*checks, all_on_cpu]
