@@ -39,7 +39,7 @@ from ..kernels.qwen3vl_pos_embed import compute_device, remove_handles, rotary_f
 from ..kernels.resident_copies import DropCopies, HostToDeviceCopies, ResidentCopies
 from ._comfy import comfy_module
 from ._fix import AttributeOverride, Check, Fix, State, Status, model_injection, set_injection
-from .qwen3vl_pos_embed import TINY_GRID, comfy_tower_class, outputs, tiny_pixels, tiny_tower
+from .qwen3vl_pos_embed import TINY_GRID, comfy_tower_class, outputs, outputs_match, tiny_pixels, tiny_tower
 from .qwen3vl_pos_embed import install_on_towers as install_position_table_fix
 
 _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
@@ -174,10 +174,7 @@ class Qwen3VLRotaryTableFix(Fix):
                 remove_handles(with_fix)
         finally:
             remove_handles(position_fix)
-        same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
-        if device.type != "meta":
-            same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
-        compared = "shapes and devices" if device.type == "meta" else "values"
+        same, compared = outputs_match(fixed, stock, device)
         checks.append(Check(f"green: fix on: the table is built on {device.type}, output {compared} equal to the "
                             "stock tower's, no host-to-device copy after the first call, the buffer left as it was",
                             set(built_on) == {device.type} and same and later_copies == 0
