@@ -40,6 +40,16 @@ class ResidentCopies:
         self._copies.clear()
 
 
+class DropCopies:
+    """A handle whose ``remove()`` frees the resident copies (on eject, when ComfyUI unloads the model)."""
+
+    def __init__(self, copies: ResidentCopies):
+        self.copies = copies
+
+    def remove(self) -> None:
+        self.copies.clear()
+
+
 class HostToDeviceCopies(TorchDispatchMode):
     """Counts, while active, the copies from a CPU tensor to another device (``.to()`` and ``copy_``), keeping
     the source tensors so a caller can tell which were model buffers."""

@@ -20,8 +20,7 @@ Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any
 Already fixed upstream when ``fast_pos_embed_interpolate`` no longer takes its device from ``pos_embed.weight``;
 failed (left off) when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
 compute-device copy on a tiny CPU tower (checked once, in ``detect``).
-The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is left alone: it is N x head_dim/2
-values, and dynamic VRAM puts buffers on the compute device.
+The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is ``qwen3vl_rotary_table``'s.
 Off switch: ``MINIMAX_HOTFIX_DISABLE=qwen3vl_pos_embed``.
 """
 
@@ -46,7 +45,7 @@ TINY_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=
 TINY_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
 
 
-def _tower_class():
+def comfy_tower_class():
     module = comfy_module("comfy.text_encoders.qwen35")
     return getattr(module, "Qwen35VisionModel", None)
 
@@ -73,7 +72,7 @@ def _table_on_compute_device(tower, stock):
 
 def install_on_towers(model: torch.nn.Module) -> list:
     """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
-    tower_class = _tower_class()
+    tower_class = comfy_tower_class()
     handles = []
     if tower_class is None:
         return handles
@@ -111,6 +110,15 @@ def outputs(output) -> list[torch.Tensor]:
     return [merged, *deepstack]
 
 
+def outputs_match(fixed, stock, device: torch.device) -> tuple[bool, str]:
+    """Whether the fixed tower's outputs equal the stock ones on ``device``, and what was compared: values on a real
+    device, shapes and devices on meta (which holds no data)."""
+    same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
+    if device.type == "meta":
+        return same, "shapes and devices"
+    return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock)), "values"
+
+
 class Qwen3VLPosEmbedFix(Fix):
     id = "qwen3vl_pos_embed"
     title = "ComfyUI Qwen3-VL vision tower: position table interpolated on the compute device"
@@ -118,7 +126,7 @@ class Qwen3VLPosEmbedFix(Fix):
     upstream = "no ComfyUI issue (same class: verl-project/verl#5571)"
 
     def detect(self) -> Status:
-        tower_class = _tower_class()
+        tower_class = comfy_tower_class()
         if tower_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
@@ -145,7 +153,7 @@ class Qwen3VLPosEmbedFix(Fix):
         set_injection(patcher, key, model_injection(install_on_towers, self.id))
 
     def self_test(self) -> Iterable[Check]:
-        if _tower_class() is None:
+        if comfy_tower_class() is None:
             return ()
         from ._devices import real_accelerator
 
@@ -178,10 +186,7 @@ class Qwen3VLPosEmbedFix(Fix):
                 fixed = outputs(tower(pixels.to(device), grid))
             finally:
                 remove_handles(with_fix)
-            same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
-            if device.type != "meta":
-                same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
-            compared = "shapes and devices" if device.type == "meta" else "values"
+            same, compared = outputs_match(fixed, stock, device)
             checks.append(Check(f"green: fix on: the gather runs on {device.type}, output {compared} equal to "
                                 "the stock tower's",
                                 gather_devices == [device] and same,
