@@ -137,7 +137,7 @@ class Qwen3VLRotaryTableFix(Fix):
                                      "the CPU and sends it over the bus (no crash: forward moves the result)")
 
     def attach(self, patcher, key: str) -> None:
-        set_injection(patcher, key, model_injection(install_on_towers))
+        set_injection(patcher, key, model_injection(install_on_towers, self.id))
 
     def self_test(self) -> Iterable[Check]:
         if comfy_tower_class() is None:
