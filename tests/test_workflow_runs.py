@@ -9,8 +9,10 @@ What ComfyUI 0.33.0 lets a 2-core CPU run, and what it does not:
   pack's loaders and once with the stock ones (tools/swap_loaders.py --reverse); the outputs must be identical. The
   diffusion model (Load Diffusion Model) and KSampler do not run: ComfyUI hard-codes the Music 3 DiT at 2.46 B
   parameters (36 layers of width 2048, nothing read from the file's shapes), about 10 GB in float32 on a CPU and
-  minutes per step, and its conditioner needs the 4096-wide text encoder output. VAEDecodeAudio therefore decodes
-  the empty latent instead of the sampler's.
+  minutes per step. Its sizes are literals in its constructors, not a configuration the probe could shrink as it
+  does the text encoder's: even cut to one layer it keeps 107 M parameters, and its conditioner reshapes the text
+  encoder output to 8 x 4096, which takes the text encoder at width 4096 (907 M parameters with two layers: the
+  embeddings and heads). VAEDecodeAudio therefore decodes the empty latent instead of the sampler's.
 * MiniMax H3 (the three h3 workflows): every node runs but the text encoder loader, once with the pack's loaders and
   once with the stock ones; the outputs must be identical. ComfyUI hard-codes the text encoder as a Qwen3-VL-32B
   truncated to 50 layers, far beyond a CPU: the graph queued is the bundled workflow with that loader replaced by the
