@@ -115,8 +115,8 @@ def music3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
     prompt[node_id(prompt, "SaveAudioMP3")]["inputs"]["filename_prefix"] = f"audio/{tag}"
     for key in [key for key, node in prompt.items() if stock_type(node["class_type"]) in MUSIC3_NOT_RUN]:
         del prompt[key]
-    prompt["probe_conditioning"] = {"class_type": "TestProbeSaveTensors", "inputs": {
-        "filename": f"{tag}_conditioning", "conditioning": [encode, 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
+    prompt["probe_encoded"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_encoded", "conditioning": [encode, 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
     prompt["probe_zeroed"] = {"class_type": "TestProbeSaveTensors", "inputs": {
         "filename": f"{tag}_zeroed", "conditioning": [node_id(prompt, "ConditioningZeroOut"), 0]}}
     return prompt
@@ -128,46 +128,64 @@ def fix_log_lines(base: Path, start: int) -> list[str]:
     return [match.group(0) for line in text.splitlines() if (match := FIX_LOG.search(line))]
 
 
-def test_music3_runs_identically_with_pack_and_stock_loaders(server):
+def run_with_pack_and_stock_loaders(server, path: Path, make_prompt, not_run: dict, stand_ins=()) -> dict:
+    """Queues the workflow at ``path`` with the pack's loaders, then with the stock ones (tools/swap_loaders.py
+    --reverse), each as ``make_prompt(workflow, object_info, tag)`` builds it; prints and checks what ran (every node
+    but ``not_run``; ``stand_ins`` are the probe nodes in their place), the saved file, the probes' tensors and the fix
+    log lines; asserts the two runs' tensors are identical. Returns {"pack"/"stock": (tensors, log lines)}."""
     url, object_info, base = server
-    pack_workflow = load(MUSIC3)
+    pack_workflow = load(path)
     stock_workflow = copy.deepcopy(pack_workflow)
     assert swap_loaders.swap(stock_workflow, reverse=True)
     total = sum(node["type"] not in FRONTEND_ONLY for node in pack_workflow["nodes"])
-    outputs = {}
+    runs = {}
     for tag, workflow in (("pack", pack_workflow), ("stock", stock_workflow)):
         log_start = len((base / "comfyui.log").read_text())
-        prompt = music3_prompt(workflow, object_info, f"music3_{tag}")
+        prompt = make_prompt(workflow, object_info, f"{path.stem}_{tag}")
         started = time.monotonic()
         entry = run_prompt(url, prompt, base)
         wall = time.monotonic() - started
-        ran = [prompt[key]["class_type"] for key in executed_nodes(entry, prompt) if not key.startswith("probe")]
-        (mp3,) = entry["outputs"][node_id(prompt, "SaveAudioMP3")]["audio"]
-        mp3_path = base / "output" / mp3["subfolder"] / mp3["filename"]
-        tensors = {**load_file(base / "output" / f"music3_{tag}_conditioning.safetensors"),
-                   "zeroed": load_file(base / "output" / f"music3_{tag}_zeroed.safetensors")["conditioning"]}
-        outputs[tag] = tensors
+        ran = [prompt[key]["class_type"] for key in executed_nodes(entry, prompt)
+               if not key.startswith("probe") and prompt[key]["class_type"] not in stand_ins]
+        (saved,) = saved_files(entry, base)
+        tensors = {f"{key.removeprefix('probe_')}.{name}": tensor for key, node in prompt.items()
+                   if key.startswith("probe")
+                   for name, tensor in load_file(base / "output" / f"{node['inputs']['filename']}.safetensors").items()}
         lines = fix_log_lines(base, log_start)
-        print(f"\n{MUSIC3.name} [{tag} loaders]: {len(ran)}/{total} nodes executed in {wall:.1f} s: {ran}")
-        print(f"  not executed: {MUSIC3_NOT_RUN}")
-        print(f"  {mp3_path.name}: {mp3_path.stat().st_size} bytes; " + ", ".join(
+        print(f"\n{path.name} [{tag} loaders]: {len(ran)}/{total} nodes executed in {wall:.1f} s: {ran}")
+        print("  not executed: " + "; ".join(f"{name}: {why}" for name, why in not_run.items()))
+        print(f"  {saved.name}: {saved.stat().st_size} bytes; " + ", ".join(
             f"{name} {tuple(tensor.shape)}" for name, tensor in tensors.items()))
         print("  " + "\n  ".join(lines or ["(no fix attached)"]))
-        assert len(ran) == total - len(MUSIC3_NOT_RUN)
-        assert mp3_path.stat().st_size > 0
+        assert len(ran) == total - len(not_run)
+        assert saved.stat().st_size > 0
         assert all(torch.isfinite(tensor).all() for tensor in tensors.values())
-        if tag == "pack":
-            attached = {line.split()[2] for line in lines if "attached to MiniMaxMusic3TEModel" in line}
-            hooked = {line.split()[2] for line in lines if "module(s) of MiniMaxMusic3TEModel" in line}
-            # a fix whose attach finds nothing to change (int8_full_precision_mm on a model without int8 layers)
-            # logs its attach line but installs no injection, so it logs no hook count
-            assert "music3_graph_capture" in hooked and hooked <= attached, lines
-        else:
+        if tag == "stock":
             assert not lines, "the stock loaders must not attach anything"
-    for name in outputs["pack"]:
-        diff = (outputs["pack"][name] - outputs["stock"][name]).abs().max().item()
+        runs[tag] = tensors, lines
+    for name, tensor in runs["pack"][0].items():
+        diff = (tensor - runs["stock"][0][name]).abs().max().item()
         print(f"  pack vs stock {name}: max abs diff {diff}")
         assert diff == 0, name
+    return runs
+
+
+def saved_files(entry: dict, base: Path) -> list[Path]:
+    """The files the workflow's own output nodes saved (not the probes')."""
+    return [base / "output" / item["subfolder"] / item["filename"]
+            for key, output in entry["outputs"].items() if not key.startswith("probe")
+            for items in output.values() if isinstance(items, list)
+            for item in items if isinstance(item, dict) and "filename" in item]
+
+
+def test_music3_runs_identically_with_pack_and_stock_loaders(server):
+    runs = run_with_pack_and_stock_loaders(server, MUSIC3, music3_prompt, MUSIC3_NOT_RUN)
+    lines = runs["pack"][1]
+    attached = {line.split()[2] for line in lines if "attached to MiniMaxMusic3TEModel" in line}
+    hooked = {line.split()[2] for line in lines if "module(s) of MiniMaxMusic3TEModel" in line}
+    # a fix whose attach finds nothing to change (int8_full_precision_mm on a model without int8 layers) logs its
+    # attach line but installs no injection, so it logs no hook count
+    assert "music3_graph_capture" in hooked and hooked <= attached, lines
 
 
 def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
@@ -181,50 +199,14 @@ def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
     prompt[conditioning]["inputs"].update(H3_CANVAS)
     prompt[node_id(prompt, "BasicScheduler")]["inputs"]["steps"] = H3_STEPS
     prompt[node_id(prompt, "SaveVideo")]["inputs"]["filename_prefix"] = f"video/{tag}"
-    prompt["probe_decoded"] = {"class_type": "TestProbeSaveTensors", "inputs": {
-        "filename": tag, "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
+    prompt["probe_sampled"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_sampled", "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
         "images": [node_id(prompt, "VAEDecode"), 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
     return prompt
 
 
-def saved_files(entry: dict, base: Path) -> list[Path]:
-    return [base / "output" / item["subfolder"] / item["filename"]
-            for key, output in entry["outputs"].items() if not key.startswith("probe")
-            for items in output.values() if isinstance(items, list)
-            for item in items if isinstance(item, dict) and "filename" in item]
-
-
 @pytest.mark.parametrize("path", H3_WORKFLOWS, ids=lambda p: p.stem)
 def test_h3_runs_identically_with_pack_and_stock_loaders(path, server):
-    url, object_info, base = server
-    pack_workflow = load(path)
-    stock_workflow = copy.deepcopy(pack_workflow)
-    assert swap_loaders.swap(stock_workflow, reverse=True)
-    total = sum(node["type"] not in FRONTEND_ONLY for node in pack_workflow["nodes"])
-    outputs = {}
-    for tag, workflow in (("pack", pack_workflow), ("stock", stock_workflow)):
-        log_start = len((base / "comfyui.log").read_text())
-        prompt = h3_prompt(workflow, object_info, f"{path.stem}_{tag}")
-        started = time.monotonic()
-        entry = run_prompt(url, prompt, base)
-        wall = time.monotonic() - started
-        ran = [prompt[key]["class_type"] for key in executed_nodes(entry, prompt)
-               if not key.startswith("probe") and prompt[key]["class_type"] != H3_TEXT_ENCODER_STAND_IN]
-        outputs[tag] = tensors = load_file(base / "output" / f"{path.stem}_{tag}.safetensors")
-        (video,) = saved_files(entry, base)
-        lines = fix_log_lines(base, log_start)
-        print(f"\n{path.name} [{tag} loaders]: {len(ran)}/{total} nodes executed in {wall:.1f} s: {ran}")
-        print("  not executed: " + "; ".join(f"{name}: {why}" for name, why in H3_NOT_RUN.items()))
-        print(f"  {video.name}: {video.stat().st_size} bytes; " + ", ".join(
-            f"{name} {tuple(tensor.shape)}" for name, tensor in tensors.items()))
-        print("  " + "\n  ".join(lines or ["(no fix attached)"]))
-        assert len(ran) == total - len(H3_NOT_RUN)
-        assert video.stat().st_size > 0
-        assert all(torch.isfinite(tensor).all() for tensor in tensors.values())
-        assert tensors["images"].shape == (H3_CANVAS["length"], H3_CANVAS["height"], H3_CANVAS["width"], 3)
-        if tag == "stock":
-            assert not lines, "the stock loaders must not attach anything"
-    for name in outputs["pack"]:
-        diff = (outputs["pack"][name] - outputs["stock"][name]).abs().max().item()
-        print(f"  pack vs stock {name}: max abs diff {diff}")
-        assert diff == 0, name
+    runs = run_with_pack_and_stock_loaders(server, path, h3_prompt, H3_NOT_RUN, stand_ins={H3_TEXT_ENCODER_STAND_IN})
+    for tensors, _ in runs.values():
+        assert tensors["sampled.images"].shape == (H3_CANVAS["length"], H3_CANVAS["height"], H3_CANVAS["width"], 3)
