@@ -9,6 +9,8 @@
   patch grid (``grid_shapes`` reads that from a ``grid_thw`` tensor), computed on a device the caller chooses,
   with the same float operations as the towers' own method.
 * ``gather_rows``: an embedding lookup whose weight lives on another device than its result is needed on.
+* ``rotary_frequency_table``: the vision rotary table (position x inverse frequency), on the inverse frequencies'
+  device (``patches/qwen3vl_rotary_table.py`` hands it a copy on the compute device).
 """
 
 from __future__ import annotations
@@ -165,3 +167,10 @@ def gather_rows(
         table = lookup(torch.arange(table_rows, device=gather_device)).to(out_device)
         return table[indices.to(out_device)]
     return lookup(indices.to(gather_device)).to(out_device)
+
+
+def rotary_frequency_table(inv_freq: torch.Tensor, seqlen: int) -> torch.Tensor:
+    """Positions ``0..seqlen-1`` times ``inv_freq`` (seqlen x len(inv_freq)) on ``inv_freq``'s device, with the
+    float operations of ComfyUI's ``Qwen35VisionRotaryEmbedding.forward``, so bit-identical to it on one device."""
+    positions = torch.arange(seqlen, device=inv_freq.device, dtype=inv_freq.dtype)
+    return torch.outer(positions, inv_freq)

@@ -34,3 +34,13 @@ class ResidentCopies:
 
     def clear(self) -> None:
         self._copies.clear()
+
+
+class DropCopies:
+    """A handle whose ``remove()`` frees the resident copies (on eject, when ComfyUI unloads the model)."""
+
+    def __init__(self, copies: ResidentCopies):
+        self.copies = copies
+
+    def remove(self) -> None:
+        self.copies.clear()

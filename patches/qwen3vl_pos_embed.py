@@ -20,8 +20,7 @@ Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any
 Already fixed upstream when ``fast_pos_embed_interpolate`` no longer takes its device from ``pos_embed.weight``;
 failed (left off) when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
 compute-device copy on a tiny CPU tower (checked once, in ``detect``).
-The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is left alone: it is N x head_dim/2
-values, and dynamic VRAM puts buffers on the compute device.
+The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is ``qwen3vl_rotary_table``'s.
 Off switch: ``MINIMAX_HOTFIX_DISABLE=qwen3vl_pos_embed``.
 """
 

@@ -36,7 +36,7 @@ import textwrap
 
 import torch
 
-from ..kernels.resident_copies import ResidentCopies
+from ..kernels.resident_copies import DropCopies, ResidentCopies
 from ..registry.comfy import comfy_module
 from ..registry.contract import Fix, Retirement, State, Status, Target
 
@@ -110,16 +110,6 @@ def keep_buffers_on_input_device(module: torch.nn.Module, copies: ResidentCopies
 
     return [module.register_forward_pre_hook(swap_in, with_kwargs=True),
             module.register_forward_hook(put_back, with_kwargs=True, always_call=True)]
-
-
-class DropCopies:
-    """A handle whose ``remove()`` frees the resident copies (on eject, when ComfyUI unloads the model)."""
-
-    def __init__(self, copies: ResidentCopies):
-        self.copies = copies
-
-    def remove(self) -> None:
-        self.copies.clear()
 
 
 def decoders(model: torch.nn.Module, vae) -> list[torch.nn.Module]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -58,18 +57,18 @@ def http(url: str, body: dict | None = None):
 
 
 @contextlib.contextmanager
-def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None = None, env: dict | None = None):
-    """Yields the URL of ``main.py --cpu`` from ``comfyui`` with ``--base-directory base`` (its custom_nodes/,
-    models/, output/) once it answers; the log is ``base/comfyui.log``."""
+def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None = None,
+                    options: tuple[str, ...] = ()):
+    """Yields the URL of ``main.py --cpu *options`` from ``comfyui`` with ``--base-directory base`` (its
+    custom_nodes/, models/, output/) once it answers; the log is ``base/comfyui.log``."""
     port = free_port()
     log_path = base / "comfyui.log"
     command = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-               "--disable-auto-launch", "--base-directory", str(base)]
+               "--disable-auto-launch", "--base-directory", str(base), *options]
     if input_directory is not None:
         command += ["--input-directory", str(input_directory)]
     with log_path.open("w") as log:
-        server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **(env or {})})
+        server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -107,11 +106,11 @@ def install_custom_nodes(comfyui: Path, custom_nodes: Path, *extra: Path) -> Non
 
 
 @contextlib.contextmanager
-def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, env: dict | None = None):
+def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tuple[str, ...] = ()):
     """Yields (url, object_info) of a running ComfyUI with ``install_custom_nodes`` in ``base``; fails when the
     pack did not load."""
     install_custom_nodes(comfyui, base / "custom_nodes", *extra_nodes)
-    with running_comfyui(comfyui, base, input_directory=comfyui / "input", env=env) as url:
+    with running_comfyui(comfyui, base, input_directory=comfyui / "input", options=options) as url:
         object_info = json.loads(http(url + "/object_info")[1])
         if "MiniMaxHotfixVAELoader" not in object_info:
             raise RuntimeError("the pack did not load:\n" + (base / "comfyui.log").read_text()[-4000:])

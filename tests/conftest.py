@@ -19,7 +19,7 @@ load_pack()
 def comfyui():
     """The path of a real ComfyUI, importable and in CPU mode when no GPU is present."""
     if not os.environ.get("COMFYUI_PATH"):
-        pytest.skip("needs a ComfyUI checkout: set COMFYUI_PATH")
+        pytest.skip("needs ComfyUI: runs in the 'with ComfyUI' run of bash tools/test.sh (or set COMFYUI_PATH)")
     from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
 
     try:

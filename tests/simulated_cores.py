@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_COMFYUI = ROOT.parent / "shared" / "comfyui"
 BASE = SHARED_COMFYUI / "0.33.0"
 UPSTREAM = SHARED_COMFYUI / "upstream"
+SIMULATED_CORE_ENV = "MINIMAX_HOTFIX_SIMULATED_CORE"  # set to the core's name in a process running on that core
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,10 @@ CORES = {
              (KITCHEN_INT8_DECODE, LLAMA_DECODE_HELPERS, COMFY_ATTENTION)),
     )
 }
+
+
+def running_on_simulated_core() -> str | None:
+    return os.environ.get(SIMULATED_CORE_ENV)
 
 
 def available() -> bool:

@@ -2,15 +2,18 @@
 the official key layout and under the file names the workflows use, so that ComfyUI's own detection builds the
 real model classes. Shapes come from ComfyUI's own modules (built on ``meta``), so they match the ComfyUI at hand.
 
-ComfyUI hard-codes the size of MiniMax Music 3's text encoder (``comfy.text_encoders.minimax_music.MODEL_CONFIG``,
-about 10 B parameters): the file is written for ``MUSIC3_TINY_TEXT_ENCODER`` instead, and the server that loads it
-must apply the same numbers (``comfyui_probe`` does, from ``MUSIC3_TEXT_ENCODER_ENV``). The Music 3 DAV is written
-at its real size (54 M parameters): ComfyUI reads nothing from its shapes.
+ComfyUI hard-codes the size of some models, far beyond a 2-core CPU: MiniMax Music 3's text encoder
+(``comfy.text_encoders.minimax_music.MODEL_CONFIG``, about 10 B parameters), the H3 video VAE (2.60 B parameters, the
+defaults of ``MiniMaxH3VideoVAE`` and of its ``ViT3DDecoder``) and the H3 audio VAE (151 M parameters, the defaults of
+``MiniMaxH3AudioVAE``). Their files are written for the tiny configurations of ``TINY_CONFIGS`` instead, and the
+server that loads them applies the same numbers (``comfyui_probe`` starts ``tiny_config_patches()``). The Music 3 DAV
+is written at its real size (54 M parameters): ComfyUI reads nothing from its shapes.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import functools
 import math
 from pathlib import Path
 from unittest import mock
@@ -19,20 +22,50 @@ import torch
 from safetensors.torch import save_file
 
 SEED = 20260901
-MUSIC3_TEXT_ENCODER_ENV = "MINIMAX_HOTFIX_TEST_MUSIC3_TEXT_ENCODER"
-MUSIC3_TINY_TEXT_ENCODER = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "decoder_num_heads": 2, "decoder_intermediate_size": 64, "decoder_num_layers": 1,
+# keyword arguments ComfyUI leaves at their defaults; the latent channels and the temporal and spatial ratios stay real
+TINY_CONFIGS = {
+    "comfy.text_encoders.minimax_music.MODEL_CONFIG": {
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "decoder_num_heads": 2, "decoder_intermediate_size": 64, "decoder_num_layers": 1},
+    "comfy.ldm.minimax.vae.MiniMaxH3VideoVAE": {"ch": 32, "ch_mult": (1, 1, 1, 1, 1, 1), "num_res_blocks": 1},
+    "comfy.ldm.minimax.vae.ViT3DDecoder": {"num_layers": 1, "heads": 2, "dim_head": 32},
+    "comfy.ldm.minimax.audio_vae.MiniMaxH3AudioVAE": {"encoder_dim": 4, "latent_dim": 64, "decoder_dim": 128},
 }
 MUSIC3_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_int8_convrot.safetensors"
 MUSIC3_DAV_FILE = "minimax_music3_dav.safetensors"
+H3_VIDEO_VAE_FILE = "minimax_h3_video_vae_int8_convrot.safetensors"
+H3_AUDIO_VAE_FILE = "minimax_h3_audio_vae_fp32.safetensors"
 H3_DIT_FILES = ("minimax_h3_fl2va_pruned_int8_convrot.safetensors", "minimax_h3_ref2va_pruned_int8_convrot.safetensors")
 # ComfyUI reads every one of these from the H3 DiT file's shapes; latents_dim and audio_latents_dim keep the real
-# latent formats' channel counts
+# latent formats' channel counts; the rope rotates 3 axes x 2 x rope_inv_freq_len of each head's dimensions
 H3_TINY_DIT = {"hidden_size": 64, "num_layers": 2, "token_refiner_num_layers": 1, "num_attention_heads": 2,
                "attention_head_dim": 32, "ffn_hidden_size": 128, "latents_dim": 24, "audio_latents_dim": 32,
                "text_dim": 64, "timestep_input_dim": 256, "time_embed_hidden_size": 64, "time_embed_dim": 32,
-               "rope_inv_freq_len": 16}
+               "rope_inv_freq_len": 4}
+
+
+def tiny_config_patches() -> list:
+    """Patchers (``unittest.mock``) that make ComfyUI build the ``TINY_CONFIGS`` sizes: a dictionary updated, or a
+    class whose ``__init__`` gets the tiny values as defaults (arguments a caller passes still win)."""
+    import importlib
+
+    patchers = []
+    for target, values in TINY_CONFIGS.items():
+        module_name, name = target.rsplit(".", 1)
+        owner = getattr(importlib.import_module(module_name), name)
+        if isinstance(owner, dict):
+            patchers.append(mock.patch.dict(owner, values))
+        else:
+            patchers.append(mock.patch.object(owner, "__init__", functools.partialmethod(owner.__init__, **values)))
+    return patchers
+
+
+@contextlib.contextmanager
+def tiny_configs():
+    with contextlib.ExitStack() as stack:
+        for patcher in tiny_config_patches():
+            stack.enter_context(patcher)
+        yield
 
 
 def random_like(shape: torch.Size, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
@@ -69,7 +102,7 @@ def music3_text_encoder(generator: torch.Generator) -> dict:
     tokenizer ComfyUI reads from the checkpoint."""
     from comfy.text_encoders import minimax_music
 
-    with mock.patch.dict(minimax_music.MODEL_CONFIG, MUSIC3_TINY_TEXT_ENCODER), torch.device("meta"):
+    with tiny_configs(), torch.device("meta"):
         model = minimax_music.MiniMaxMusic3TEModel(device="meta")
     state = random_state_dict(model, torch.bfloat16, generator)
     del state["model.embed_tokens.weight"], state["model.lm_head.weight"]
@@ -102,11 +135,30 @@ def h3_dit(generator: torch.Generator) -> dict:
     return random_state_dict(model, torch.bfloat16, generator)
 
 
+def h3_video_vae(generator: torch.Generator) -> dict:
+    """Tiny, unquantized float16 (the real file is int8 convrot); ComfyUI detects it by its key names."""
+    import comfy.ops
+    from comfy.ldm.minimax.vae import MiniMaxH3VideoVAE
+
+    with tiny_configs(), torch.device("meta"):
+        model = MiniMaxH3VideoVAE(operations=comfy.ops.disable_weight_init)
+    return random_state_dict(model, torch.float16, generator)
+
+
+def h3_audio_vae(generator: torch.Generator) -> dict:
+    from comfy.ldm.minimax.audio_vae import MiniMaxH3AudioVAE
+
+    with tiny_configs(), torch.device("meta"):
+        model = MiniMaxH3AudioVAE()
+    return random_state_dict(model, torch.float32, generator)
+
+
 def write_models(models_dir: Path) -> dict[str, Path]:
     """Writes every synthetic model under ``models_dir/<ComfyUI folder>/``; returns their paths by file name."""
     generator = torch.Generator().manual_seed(SEED)
     files = {("text_encoders", MUSIC3_TEXT_ENCODER_FILE): music3_text_encoder,
              ("vae", MUSIC3_DAV_FILE): music3_dav,
+             ("vae", H3_VIDEO_VAE_FILE): h3_video_vae, ("vae", H3_AUDIO_VAE_FILE): h3_audio_vae,
              **{("diffusion_models", name): h3_dit for name in H3_DIT_FILES}}
     written = {}
     for (folder, name), build in files.items():
@@ -116,6 +168,3 @@ def write_models(models_dir: Path) -> dict[str, Path]:
         written[name] = path
     return written
 
-
-def music3_text_encoder_env() -> dict:
-    return {MUSIC3_TEXT_ENCODER_ENV: json.dumps(MUSIC3_TINY_TEXT_ENCODER)}

@@ -121,7 +121,8 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     holder.visual = offloaded_tower()
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("cpu"),
                                                offload_device=torch.device("cpu"))
-    pack_registry.attach_fixes(patcher, "clip")  # as the pack's CLIP loader does: honours MINIMAX_HOTFIX_DISABLE
+    attached = pack_registry.attach_fixes(patcher, "clip")  # as the pack's CLIP loader: MINIMAX_HOTFIX_DISABLE honoured
+    assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.APPLIED)
     clone = patcher.clone()
     seen = gather_devices(holder.visual)
     for each in (patcher, clone):

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 APPLIED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "applied", "fixed upstream", "not applicable", "not affected"
 # what every fix must report on each core; fixes that do not depend on ComfyUI's code read the same everywhere
 EVERYWHERE = {"ck_rope_device": APPLIED, "transformers_qwen3vl_pos_embed": APPLIED,
-              "transformers_static_cache": FIXED, "music3_graph_capture": APPLIED, "qwen3vl_pos_embed": APPLIED}
+              "transformers_static_cache": FIXED, "music3_graph_capture": APPLIED, "qwen3vl_pos_embed": APPLIED,
+              "qwen3vl_rotary_table": APPLIED}
 STATUS = {
     "0.33.0": {**EVERYWHERE, "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
                "vae_qk_norm_scale": NOT_APPLICABLE},
@@ -45,25 +46,31 @@ VAE_TESTS = "tests/test_vae_qk_norm_scale.py"
 MUSIC3_TESTS = "tests/test_music3_graphs_comfyui.py"
 QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
 INT8_VAE_TESTS = "tests/test_int8_vae.py"
+ROTARY_TESTS = "tests/test_qwen3vl_rotary_table_comfyui.py"
+AUDIT_TESTS = "tests/test_placement_audit.py"
 
 # the test files of the fixes each core concerns, and the tests among them that must pass there (not skip)
 CORE_TESTS = {
-    "0.36/0.37 VAE": (VAE_TESTS, ["test_detection_on_the_running_comfyui",
+    "0.36/0.37 VAE": ([VAE_TESTS, AUDIT_TESTS], ["test_pack_off_finds_the_known_members",
+                                               "test_pack_on_leaves_no_cross_device_op_and_no_host_work","test_detection_on_the_running_comfyui",
                                   "test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it",
                                   "test_fully_resident_decode_is_bitwise_unchanged",
                                   "test_install_hooks_the_decoder_of_the_real_vae"]),
-    "fixed VAE": (VAE_TESTS, ["test_detection_on_the_running_comfyui",
+    "fixed VAE": ([VAE_TESTS], ["test_detection_on_the_running_comfyui",
                               "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it"]),
-    "post-#15861 Music 3": (MUSIC3_TESTS, ["test_detection_follows_the_code_of_this_checkout",
+    "post-#15861 Music 3": ([MUSIC3_TESTS], ["test_detection_follows_the_code_of_this_checkout",
                                            "test_noise_without_the_pack_where_the_core_has_the_bug",
                                            "test_with_the_pack_graphs_on_equal_graphs_off",
                                            "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
                                            "test_gguf_q4_0_unit_red_without_the_pack",
                                            "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs"]),
-    "fixed int8": (INT8_VAE_TESTS, ["test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
+    "fixed int8": ([INT8_VAE_TESTS], ["test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
                                     "test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
                                     "test_status_per_model_kind_follows_the_running_core"]),
-    "0.38 Qwen3-VL": (QWEN3VL_TESTS, ["test_detect_applies_on_this_comfyui",
+    "0.38 Qwen3-VL": ([QWEN3VL_TESTS, ROTARY_TESTS, AUDIT_TESTS], [
+                                      "test_partial_load_through_the_model_patcher[green: with the fix]",
+                                      "test_pack_off_finds_the_known_members",
+                                      "test_pack_on_leaves_no_cross_device_op_and_no_host_work","test_detect_applies_on_this_comfyui",
                                       "test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device",
                                       "test_attaches_through_the_model_patcher_and_survives_clone",
                                       "test_kernel_equals_comfyui_method_bit_for_bit[dtype0]"]),
@@ -82,6 +89,8 @@ SWITCHED_OFF = [
     ("fixed int8", "int8_full_precision_mm",
      f"{INT8_VAE_TESTS}::test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
      "The operator 'aten::_int_mm' is not currently implemented for the MPS device"),
+    ("0.38 Qwen3-VL", "qwen3vl_rotary_table",
+     f"{ROTARY_TESTS}::test_partial_load_through_the_model_patcher[green: with the fix]", "{'cpu'} == {'meta'}"),
     ("0.38 Qwen3-VL", "qwen3vl_pos_embed",
      f"{QWEN3VL_TESTS}::test_attaches_through_the_model_patcher_and_survives_clone", "'cpu'"),
 ]
@@ -104,17 +113,17 @@ def core_path(comfyui, tmp_path_factory):
     return path
 
 
-def run_in_core(core: Path, args: list[str], **env) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "COMFYUI_PATH": str(core), **env}
+def run_in_core(core: Path, name: str, args: list[str], **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "COMFYUI_PATH": str(core), simulated_cores.SIMULATED_CORE_ENV: name, **env}
     environment.pop("PYTEST_CURRENT_TEST", None)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=environment, capture_output=True, text=True,
                           timeout=900)
 
 
-def pytest_in_core(core: Path, targets: list[str], tmp_path: Path, **env):
+def pytest_in_core(core: Path, name: str, targets: list[str], tmp_path: Path, **env):
     """Runs pytest on ``targets`` inside the core; returns (completed process, {test name: outcome})."""
     report = tmp_path / "report.xml"
-    done = run_in_core(core, ["-m", "pytest", *targets, "-q", "-rs", "-p", "no:cacheprovider",
+    done = run_in_core(core, name, ["-m", "pytest", *targets, "-q", "-rs", "-p", "no:cacheprovider",
                               f"--junitxml={report}"], **env)
     outcomes = {}
     if report.exists():
@@ -139,7 +148,7 @@ print(json.dumps({{fix_id: pack_registry.status(fix).state.value for fix_id, fix
 
 @pytest.mark.parametrize("name", list(STATUS))
 def test_every_fix_reports_its_status_on_the_core(name, core_path):
-    done = run_in_core(core_path(name), ["-c", STATUS_SCRIPT.format(tools=str(ROOT / "tools"))],
+    done = run_in_core(core_path(name), name, ["-c", STATUS_SCRIPT.format(tools=str(ROOT / "tools"))],
                        MINIMAX_HOTFIX_DISABLE="")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == STATUS[name]
@@ -147,8 +156,8 @@ def test_every_fix_reports_its_status_on_the_core(name, core_path):
 
 @pytest.mark.parametrize("name", list(CORE_TESTS))
 def test_fix_tests_pass_on_the_core_they_concern(name, core_path, tmp_path):
-    target, must_pass = CORE_TESTS[name]
-    done, outcomes = pytest_in_core(core_path(name), [target], tmp_path, MINIMAX_HOTFIX_DISABLE="")
+    targets, must_pass = CORE_TESTS[name]
+    done, outcomes = pytest_in_core(core_path(name), name, targets, tmp_path, MINIMAX_HOTFIX_DISABLE="")
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert {test: outcomes.get(test) for test in must_pass} == {test: "passed" for test in must_pass}
@@ -156,7 +165,7 @@ def test_fix_tests_pass_on_the_core_they_concern(name, core_path, tmp_path):
 
 @pytest.mark.parametrize("name, fix_id, green_test, failure", SWITCHED_OFF, ids=[row[1] for row in SWITCHED_OFF])
 def test_green_test_fails_with_its_fix_switched_off(name, fix_id, green_test, failure, core_path, tmp_path):
-    done, outcomes = pytest_in_core(core_path(name), [green_test], tmp_path, MINIMAX_HOTFIX_DISABLE=fix_id)
+    done, outcomes = pytest_in_core(core_path(name), name, [green_test], tmp_path, MINIMAX_HOTFIX_DISABLE=fix_id)
     print(f"{fix_id} switched off on {name!r}: {outcomes}")
     assert done.returncode == 1 and list(outcomes.values()) == ["failed"], done.stdout[-3000:]
     assert failure in done.stdout, done.stdout[-3000:]

@@ -23,6 +23,15 @@ def outputs(output) -> list[torch.Tensor]:
     return [merged, *deepstack]
 
 
+def outputs_match(fixed, stock, device: torch.device) -> tuple[bool, str]:
+    """Whether the fixed tower's outputs equal the stock ones on ``device``, and what was compared: values on a real
+    device, shapes and devices on meta (which holds no data)."""
+    same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
+    if device.type == "meta":
+        return same, "shapes and devices"
+    return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock)), "values"
+
+
 def self_test():
     if comfy_tower_class() is None:
         return ()
@@ -55,10 +64,7 @@ def self_test():
             fixed = outputs(tower(pixels.to(device), grid))
         finally:
             remove_handles(with_fix)
-        same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
-        if device.type != "meta":
-            same = same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock))
-        compared = "shapes and devices" if device.type == "meta" else "values"
+        same, compared = outputs_match(fixed, stock, device)
         checks.append(Check(f"green: fix on: the gather runs on {device.type}, output {compared} equal to "
                             "the stock tower's",
                             gather_devices == [device] and same,

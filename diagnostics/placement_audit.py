@@ -1,0 +1,384 @@
+"""Placement audit: where ComfyUI's loaders leave each MiniMax model's tensors, and what that costs per call.
+
+For each model the running ComfyUI can build, the real class is built at its real configuration with FakeTensor
+weights (shapes only: nothing full-size is allocated), loaded through ComfyUI's real ``ModelPatcher.load`` as the
+legacy partial loader does at several VRAM budgets, and run once with small inputs, compute on FakeTensor ``cuda:0``.
+A dispatch mode watches every op of that call and records, per model and budget:
+
+* ``cross-device``: an op given tensors on two devices (a crash on a GPU); the audit moves the stray operand and
+  goes on, so one run finds them all;
+* ``host build``: an op computing on the CPU from a model tensor the loader left there (or from such a result);
+* ``host-to-device``: such a result copied to the compute device (bytes over the bus per call).
+
+ComfyUI's own casts of offloaded weights (what lowvram means) are counted apart, not listed. Views are followed but
+not counted. Each load is called twice and the second call is reported (per-call cost, not one-off copies such as a
+fix's resident copy made on the first call). Each model runs twice:
+pack off (stock) and pack on (the pack's fixes attached to the patcher as its loaders do). Models or load modes the
+audit cannot run are listed as "not audited" with the reason.
+
+Entry point: ``main(model_files, as_json)`` (``tools/doctor.py --audit``); ``audit()`` returns the rows. Needs
+ComfyUI importable (``COMFYUI_PATH``); never imported by ComfyUI's start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves, tree_map
+
+COMPUTE = torch.device("cuda", 0)
+OFFLOAD = torch.device("cpu")
+BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}
+COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
+# Findings the pack leaves on purpose: (model, tensor, kind) -> the measured cost and the reason.
+ACCEPTED = {
+    ("H3 video VAE decoder", "decoder.pos_embed.inv_freq", "host-to-device"):
+        "32 bytes per decoder call (8 float32 values, stock `.to(img_ids.device)` in RotaryEmbeddingND); no crash, "
+        "and smaller than one kernel launch's arguments. Cores with qk_norm_scale (0.36+) get a resident copy from "
+        "vae_qk_norm_scale; on 0.33-0.35 no fix is attached for it",
+}
+
+
+@dataclass
+class Finding:
+    kind: str  # "cross-device", "host build", "host-to-device"
+    module: str
+    tensor: str
+    op: str
+    calls: int = 0
+    bytes: int = 0
+    accepted: str = ""  # why the pack leaves it, where it does
+
+
+@dataclass
+class Row:
+    model: str
+    budget: str
+    pack: str  # "off" / "on"
+    findings: list[Finding] = field(default_factory=list)
+    weight_casts: int = 0
+    weight_cast_bytes: int = 0
+    not_audited: str = ""
+
+    def count(self, kind: str) -> tuple[int, int]:
+        found = [f for f in self.findings if f.kind == kind]
+        return sum(f.calls for f in found), sum(f.bytes for f in found)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _is_cpu_scalar(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu" and tensor.dim() == 0
+
+
+class PlacementRecorder(TorchDispatchMode):
+    """Runs every op (on FakeTensors where any operand or the target device is fake) and records placement faults."""
+
+    def __init__(self, fake_mode, model: torch.nn.Module):
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.names = {id(t): n for n, t in [*model.named_parameters(), *model.named_buffers()]}
+        self.weights = {id(p) for p in model.parameters()}
+        self.derived: dict[int, tuple[torch.Tensor, str]] = {}  # host results of offloaded model tensors -> origin
+        self.findings: dict[tuple, Finding] = {}
+        self.weight_casts = self.weight_cast_bytes = 0
+        self.module_stack: list[str] = []
+
+    @contextlib.contextmanager
+    def watching_modules(self, model: torch.nn.Module):
+        paths = {id(m): n or type(m).__name__ for n, m in model.named_modules()}
+
+        def enter(module, args):
+            self.module_stack.append(paths.get(id(module), type(module).__name__))
+
+        def leave(module, args, output):
+            self.module_stack.pop()
+
+        handles = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+                   torch.nn.modules.module.register_module_forward_hook(leave, always_call=True)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _record(self, kind, tensor_name, func, nbytes):
+        module = self.module_stack[-1] if self.module_stack else "<model>"
+        key = (kind, module, tensor_name, str(func))
+        finding = self.findings.setdefault(key, Finding(kind, module, tensor_name, str(func)))
+        finding.calls += 1
+        finding.bytes += nbytes
+
+    def _origin(self, tensor) -> str | None:
+        """The model tensor ``tensor`` is, or was computed on the host from; None for anything else."""
+        if id(tensor) in self.names and tensor.device.type == "cpu":
+            return self.names[id(tensor)]
+        entry = self.derived.get(id(tensor))
+        return entry[1] if entry is not None and entry[0] is tensor else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        target = kwargs.get("device")
+        fake = any(isinstance(t, FakeTensor) for t in tensors) or (
+            target is not None and torch.device(target).type == COMPUTE.type)
+        origins = [o for o in map(self._origin, tensors) if o is not None]
+        devices = {t.device for t in tensors if not _is_cpu_scalar(t)}
+        is_copy = str(func) in COPY_OPS
+        if len(devices) > 1 and not is_copy:
+            stray = [t for t in tensors if t.device.type == "cpu" and not _is_cpu_scalar(t)]
+            name = ", ".join(sorted({self._origin(t) or "activation" for t in stray}))
+            self._record("cross-device", name, func, sum(map(_nbytes, stray)))
+
+            def to_compute(value):
+                if isinstance(value, torch.Tensor) and value.device.type == "cpu" and not _is_cpu_scalar(value):
+                    return value.to(COMPUTE)
+                return value
+
+            args, kwargs = tree_map(to_compute, (args, kwargs))
+        with contextlib.nullcontext() if fake else unset_fake_temporarily():
+            out = func(*args, **kwargs)
+        if is_copy:
+            source = args[1] if str(func) == COPY_OPS[1] else args[0]
+            destination = args[0] if str(func) == COPY_OPS[1] else out
+            if source.device.type == "cpu" and destination.device.type != "cpu":
+                if id(source) in self.weights:
+                    self.weight_casts += 1
+                    self.weight_cast_bytes += _nbytes(source)
+                elif origins:
+                    self._record("host-to-device", origins[0], func, _nbytes(source))
+            return out
+        if origins and self.module_stack:
+            results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+            for result in results:
+                self.derived[id(result)] = (result, origins[0])
+            if results and not func.is_view:
+                self._record("host build", origins[0], func, sum(map(_nbytes, results)))
+        return out
+
+
+# -- models -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AuditedModel:
+    """How to build one model (real class, real configuration) and call it with small inputs."""
+
+    name: str
+    target: str  # the pack's attach target: "clip", "vae", "model"
+    build: object  # () -> nn.Module, called under the fake mode
+    call: object  # (module, fake_mode) -> None
+    unavailable: str = ""  # why this core cannot build it
+
+
+def _h3_vision_tower() -> AuditedModel:
+    try:
+        import comfy.ops
+        from comfy.text_encoders.qwen3vl import QWEN3VL_VISION, QWEN3VL_VISION_COMMON, Qwen3VLVisionModel
+    except ImportError as exc:
+        return AuditedModel("H3 text encoder: Qwen3-VL vision tower", "clip", None, None, f"not in this core ({exc})")
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def build():
+        config = {**QWEN3VL_VISION_COMMON, **QWEN3VL_VISION["qwen3vl_32b"], "out_hidden_size": 5120}
+        holder = torch.nn.Module()  # the tower's place in the CLIP model
+        holder.visual = Qwen3VLVisionModel(config, dtype=torch.bfloat16, ops=comfy.ops.manual_cast)
+        return holder
+
+    def call(holder, fake_mode):
+        with unset_fake_temporarily():
+            grid = torch.tensor([[1, 8, 8]])  # one 128x128 image: 64 patches, as ComfyUI passes it: on the CPU
+        holder.visual(torch.empty(64, 3 * 2 * 16 * 16, device=COMPUTE), grid)
+
+    return AuditedModel("H3 text encoder: Qwen3-VL vision tower", "clip", build, call)
+
+
+def _h3_video_vae_decoder() -> AuditedModel:
+    name = "H3 video VAE decoder"
+    try:
+        from comfy.ldm.minimax.vae import MiniMaxH3VideoVAE
+    except ImportError as exc:
+        return AuditedModel(name, "vae", None, None, f"not in this core ({exc})")
+
+    def build():
+        return MiniMaxH3VideoVAE()  # comfy.sd.VAE's configuration for an H3 video VAE file (float32 here)
+
+    def call(vae, fake_mode):
+        vae.decoder(torch.empty(1, 24, 1, 2, 2, device=COMPUTE))  # one latent frame, 2x2
+
+    return AuditedModel(name, "vae", build, call)
+
+
+NOT_AUDITED = {
+    "H3 DiT": "not audited yet: the sampler-side call (MiniMaxH3Model.forward with transformer_options) is not wired up",
+    "H3 video VAE encoder": "not audited yet: its causal-conv chunked encode is not wired up",
+    "H3 audio VAE": "not audited yet: not wired up",
+    "H3 text encoder: language model": "not audited yet: the 50-layer Llama2_ call (embeds, MRoPE position ids) is not "
+                                       "wired up",
+    "Music 3 text encoder (AR)": "not audited yet: its generate() loop needs CUDA graphs and data-dependent sampling",
+    "Music 3 DiT": "not audited yet: not wired up",
+    "Music 3 DAV": "not audited yet: not wired up",
+}
+
+
+def models() -> list[AuditedModel]:
+    return [_h3_vision_tower(), _h3_video_vae_decoder()]
+
+
+# -- runs -------------------------------------------------------------------------------------------------------
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@contextlib.contextmanager
+def _fake_cuda_runtime():
+    """What ComfyUI asks the CUDA runtime and a fake ``cuda:0`` cannot answer: free memory (attention picks its kernel
+    from it) and ``torch.cuda.synchronize`` (the loader syncs while moving modules)."""
+    import comfy.model_management as mm
+
+    stock, stock_synchronize = mm.get_free_memory, torch.cuda.synchronize
+
+    def get_free_memory(dev=None, torch_free_too=False):
+        if dev is not None and torch.device(dev).type == COMPUTE.type:
+            return (64 << 30, 64 << 30) if torch_free_too else 64 << 30
+        return stock(dev, torch_free_too)
+
+    mm.get_free_memory, torch.cuda.synchronize = get_free_memory, lambda device=None: None
+    try:
+        yield
+    finally:
+        mm.get_free_memory, torch.cuda.synchronize = stock, stock_synchronize
+
+
+def _move_by_assignment(module, *args, **kwargs):
+    """``Module.to`` for FakeTensor weights, which torch can only swap in place (and refuses to while a weakref to
+    them exists): each parameter and buffer is replaced by its moved copy."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    for owner in module.modules():
+        for key, param in owner._parameters.items():
+            if param is not None:
+                moved = param.to(device=device, dtype=dtype if dtype is not None and param.is_floating_point() else None)
+                owner._parameters[key] = torch.nn.Parameter(moved, requires_grad=param.requires_grad)
+        for key, buffer in owner._buffers.items():
+            if buffer is not None:
+                owner._buffers[key] = buffer.to(device=device)
+    return module
+
+
+@contextlib.contextmanager
+def _fake_module_moves():
+    stock = torch.nn.Module.to
+    torch.nn.Module.to = _move_by_assignment
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = stock
+
+
+def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
+    """Build ``spec`` on fake weights, load it with ``budget`` of its size through ComfyUI's ModelPatcher, optionally
+    attach the pack's fixes, call it once, and return what the recorder saw."""
+    import comfy.model_patcher
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    from minimax_hotfix import registry
+
+    row = Row(spec.name, budget, "on" if pack_on else "off")
+    for fix in registry.fixes_for(spec.target):
+        registry.status(fix)  # detection runs real tiny models: once, before any fake mode is active
+    fake_mode = _fake_mode()
+    with _fake_cuda_runtime():
+        with fake_mode, _fake_module_moves():  # moving to a fake cuda:0 must not touch the CUDA runtime
+            model = spec.build()
+            patcher = comfy.model_patcher.ModelPatcher(model, load_device=COMPUTE, offload_device=OFFLOAD)
+            size = comfy.model_management.module_size(model)
+            fraction = BUDGETS[budget]
+            patcher.load(COMPUTE, lowvram_model_memory=max(1, int(size * fraction)) if fraction < 1 else 0,
+                         full_load=fraction >= 1)
+            if pack_on:
+                registry.attach_fixes(patcher, spec.target)
+            patcher.inject_model()
+        first = PlacementRecorder(fake_mode, model)  # includes one-off work (the fixes' resident copies)
+        recorder = PlacementRecorder(fake_mode, model)
+        try:
+            for each in (first, recorder):
+                with torch.no_grad(), each.watching_modules(model), fake_mode, each:
+                    spec.call(model, fake_mode)
+        except DataDependentOutputException as exc:
+            row.not_audited = (f"the call reads the values of a tensor on the compute device ({exc.func}, e.g. "
+                               "`.tolist()`), which a FakeTensor cannot give; needs a real device")
+        finally:
+            patcher.eject_model()
+    row.findings = list(recorder.findings.values())
+    for finding in row.findings:
+        finding.accepted = ACCEPTED.get((spec.name, finding.tensor, finding.kind), "")
+    row.weight_casts, row.weight_cast_bytes = recorder.weight_casts, recorder.weight_cast_bytes
+    return row
+
+
+def audit(budgets=None) -> list[Row]:
+    """Every model at every budget (``BUDGETS`` by default), pack off and on, plus the models not audited."""
+    rows = []
+    for spec in models():
+        if spec.build is None:
+            rows.append(Row(spec.name, "-", "-", not_audited=spec.unavailable))
+            continue
+        for budget in budgets or BUDGETS:
+            for pack_on in (False, True):
+                rows.append(run_one(spec, budget, pack_on))
+    rows += [Row(name, "-", "-", not_audited=why) for name, why in NOT_AUDITED.items()]
+    rows.append(Row("all models: dynamic VRAM", "-", "-", not_audited="needs comfy-aimdo's vbar on a real CUDA device "
+                                                                      "(ModelPatcherDynamic moves every buffer)"))
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    """A Markdown table a user can paste into a bug report: one line per model, budget and pack state."""
+    lines = ["| model | budget | pack | cross-device ops | host builds (bytes) | host-to-device (bytes) | "
+             "weight casts (bytes) | where |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        if row.not_audited:
+            lines.append(f"| {row.model} | {row.budget} | {row.pack} | not audited: {row.not_audited} | | | | |")
+            continue
+        cross, _ = row.count("cross-device")
+        builds, build_bytes = row.count("host build")
+        copies, copy_bytes = row.count("host-to-device")
+        where = "; ".join(sorted({f"{f.module}: {f.tensor}" + (" (accepted)" if f.accepted else "")
+                                  for f in row.findings}))
+        lines.append(f"| {row.model} | {row.budget} | {row.pack} | {cross} | {builds} ({build_bytes}) | "
+                     f"{copies} ({copy_bytes}) | {row.weight_casts} ({row.weight_cast_bytes}) | {where or '-'} |")
+    return "\n".join(lines)
+
+
+def main(model_files: list[str], as_json: bool) -> int:
+    """``tools/doctor.py --audit [FILES...]``: print the audit of the built-in configurations; exit 1 when the pack
+    leaves a finding it does not accept (``ACCEPTED``), 2 when ComfyUI is not importable."""
+    from minimax_hotfix.registry.comfy import comfy_module, use_comfyui_checkout
+
+    use_comfyui_checkout()
+    if comfy_module("comfy.model_patcher") is None:
+        print("placement audit: needs ComfyUI (set COMFYUI_PATH to a ComfyUI checkout and run with its Python)",
+              file=sys.stderr)
+        return 2
+    rows = audit()
+    if model_files:
+        rows.append(Row(", ".join(model_files), "-", "-", not_audited="auditing model files is not supported yet; "
+                                                                      "the built-in configurations were audited"))
+    print(json.dumps([asdict(r) for r in rows], indent=1) if as_json else table(rows))
+    left = [f for r in rows if r.pack == "on" for f in r.findings if not f.accepted]
+    return 1 if left else 0
