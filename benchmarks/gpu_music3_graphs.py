@@ -4,7 +4,7 @@
     python benchmarks/gpu_music3_graphs.py --json out.json
 
 On a tiny Llama-shaped decoder decoded like Music 3's AR loop, with per-layer CUDA graphs captured and replayed the
-way ``comfy.model_prefetch`` does it (kernels/tiny_decoder.py), side by side in one run:
+way ``comfy.model_prefetch`` does it (diagnostics/tiny_decoder.py), side by side in one run:
 
 1. noise: graphs without static buffers vs graphs off (the stale-address replay of #16222: max abs diff > 0), then
    graphs with the pack's pooled decode buffers (max abs diff must be 0);
