@@ -35,6 +35,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 COMPUTE = torch.device("cuda", 0)
 OFFLOAD = torch.device("cpu")
 BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}
+WHERE_SHOWN = 4  # places per table line (the JSON has them all)
 COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
 # Findings the pack leaves on purpose: (model, tensor, kind) -> the measured cost and the reason.
 ACCEPTED = {
@@ -42,6 +43,11 @@ ACCEPTED = {
         "32 bytes per decoder call (8 float32 values, stock `.to(img_ids.device)` in RotaryEmbeddingND); no crash, "
         "and smaller than one kernel launch's arguments. Cores with qk_norm_scale (0.36+) get a resident copy from "
         "vae_qk_norm_scale; on 0.33-0.35 no fix is attached for it",
+    **{("H3 video VAE encoder", constant, "host-to-device"):
+        "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
+        "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
+        "partial load leaves in CPU RAM; explicit copies, no crash, smaller than one kernel launch's arguments"
+       for constant in ("pixel_mean", "pixel_std", "latents_mean", "latents_std")},
 }
 
 
@@ -158,7 +164,7 @@ class PlacementRecorder(TorchDispatchMode):
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))
             return out
-        if origins and self.module_stack:
+        if origins:
             results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
             for result in results:
                 self.derived[id(result)] = (result, origins[0])
@@ -179,6 +185,7 @@ class AuditedModel:
     build: object  # () -> nn.Module, called under the fake mode
     call: object  # (module, fake_mode) -> None
     unavailable: str = ""  # why this core cannot build it
+    full_load_only: str = ""  # how ComfyUI's own loading never loads it partially (partial-load findings unreachable)
 
 
 def _h3_vision_tower() -> AuditedModel:
@@ -204,8 +211,8 @@ def _h3_vision_tower() -> AuditedModel:
     return AuditedModel("H3 text encoder: Qwen3-VL vision tower", "clip", build, call)
 
 
-def _h3_video_vae_decoder() -> AuditedModel:
-    name = "H3 video VAE decoder"
+def _h3_video_vae(part: str, call) -> AuditedModel:
+    name = f"H3 video VAE {part}"
     try:
         from comfy.ldm.minimax.vae import MiniMaxH3VideoVAE
     except ImportError as exc:
@@ -214,26 +221,55 @@ def _h3_video_vae_decoder() -> AuditedModel:
     def build():
         return MiniMaxH3VideoVAE()  # comfy.sd.VAE's configuration for an H3 video VAE file (float32 here)
 
+    return AuditedModel(name, "vae", build, call)
+
+
+def _h3_video_vae_decoder() -> AuditedModel:
     def call(vae, fake_mode):
         vae.decoder(torch.empty(1, 24, 1, 2, 2, device=COMPUTE))  # one latent frame, 2x2
 
-    return AuditedModel(name, "vae", build, call)
+    return _h3_video_vae("decoder", call)
+
+
+def _h3_video_vae_encoder() -> AuditedModel:
+    def call(vae, fake_mode):
+        vae.encode(torch.empty(1, 3, 1, 32, 32, device=COMPUTE))  # comfy.sd.VAE.encode's call: one 32x32 frame
+
+    return _h3_video_vae("encoder", call)
+
+
+def _music3_dav() -> AuditedModel:
+    name = "Music 3 DAV"
+    try:
+        import comfy.ops
+        from comfy.ldm.minimax_music.dav import MiniMaxMusic3DAV
+    except ImportError as exc:
+        return AuditedModel(name, "vae", None, None, f"not in this core ({exc})")
+
+    def build():
+        return MiniMaxMusic3DAV(operations=comfy.ops.disable_weight_init)  # comfy.sd.VAE's, float32
+
+    def call(dav, fake_mode):
+        dav.decode(torch.empty(1, 128, 2, device=COMPUTE))  # two latent frames (1024 samples per channel)
+
+    return AuditedModel(name, "vae", build, call, full_load_only=(
+        "comfy.sd.VAE sets disable_offload for the DAV, so every decode calls load_models_gpu(force_full_load=True); "
+        "a partial load (none in ComfyUI) would leave its weight-norm convolutions, which ModelPatcher does not list "
+        "as loadable modules, on the offload device"))
 
 
 NOT_AUDITED = {
     "H3 DiT": "not audited yet: the sampler-side call (MiniMaxH3Model.forward with transformer_options) is not wired up",
-    "H3 video VAE encoder": "not audited yet: its causal-conv chunked encode is not wired up",
     "H3 audio VAE": "not audited yet: not wired up",
     "H3 text encoder: language model": "not audited yet: the 50-layer Llama2_ call (embeds, MRoPE position ids) is not "
                                        "wired up",
     "Music 3 text encoder (AR)": "not audited yet: its generate() loop needs CUDA graphs and data-dependent sampling",
     "Music 3 DiT": "not audited yet: not wired up",
-    "Music 3 DAV": "not audited yet: not wired up",
 }
 
 
 def models() -> list[AuditedModel]:
-    return [_h3_vision_tower(), _h3_video_vae_decoder()]
+    return [_h3_vision_tower(), _h3_video_vae_decoder(), _h3_video_vae_encoder(), _music3_dav()]
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
@@ -327,6 +363,8 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
     row.findings = list(recorder.findings.values())
     for finding in row.findings:
         finding.accepted = ACCEPTED.get((spec.name, finding.tensor, finding.kind), "")
+        if spec.full_load_only and BUDGETS[budget] < 1:
+            finding.accepted = f"unreachable: {spec.full_load_only}"
     row.weight_casts, row.weight_cast_bytes = recorder.weight_casts, recorder.weight_cast_bytes
     return row
 
@@ -358,8 +396,9 @@ def table(rows: list[Row]) -> str:
         cross, _ = row.count("cross-device")
         builds, build_bytes = row.count("host build")
         copies, copy_bytes = row.count("host-to-device")
-        where = "; ".join(sorted({f"{f.module}: {f.tensor}" + (" (accepted)" if f.accepted else "")
-                                  for f in row.findings}))
+        places = sorted({f"{f.module}: {f.tensor}" + (" (accepted)" if f.accepted else "") for f in row.findings})
+        where = "; ".join(places[:WHERE_SHOWN]) + (f"; +{len(places) - WHERE_SHOWN} more" if places[WHERE_SHOWN:]
+                                                   else "")
         lines.append(f"| {row.model} | {row.budget} | {row.pack} | {cross} | {builds} ({build_bytes}) | "
                      f"{copies} ({copy_bytes}) | {row.weight_casts} ({row.weight_cast_bytes}) | {where or '-'} |")
     return "\n".join(lines)
