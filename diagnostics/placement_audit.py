@@ -62,6 +62,13 @@ ACCEPTED = {
         "each) on the host and casts the result; a partial load leaves them in CPU RAM (their module has children, so "
         "ModelPatcher does not list it as loadable); explicit copy, no crash, once per VAE encode"
        for kind in ("host build", "host-to-device")},
+    ("Music 3 DiT", "*_norm.beta", "host-to-device"):
+        "4,096 bytes per offloaded LayerNorm per step (72 norms, 295 kB per step at budget none, none at 50%): the "
+        "LayerNorm's bias is a buffer, so stock `cast_to_input` copies it next to ComfyUI's own cast of the gamma "
+        "weight beside it (same size); this is lowvram's weight streaming, no crash",
+    ("Music 3 DiT", "*.rotary_pos_emb.inv_freq", "host-to-device"):
+        "32 bytes per step (16 bf16 values, stock `cast_to_input` in RotaryEmbedding): a buffer of a weight-less "
+        "module a partial load leaves in CPU RAM; explicit copy, no crash, smaller than one kernel launch's arguments",
 }
 
 
@@ -266,6 +273,26 @@ def _h3_audio_vae() -> AuditedModel:
     return AuditedModel(name, "vae", MiniMaxH3AudioVAE, call)
 
 
+def _music3_dit() -> AuditedModel:
+    name = "Music 3 DiT"
+    try:
+        from comfy.supported_models import MiniMaxMusic3
+    except ImportError as exc:
+        return AuditedModel(name, "model", None, None, f"not in this core ({exc})")
+
+    def build():  # as comfy.sd.load_diffusion_model_state_dict builds it: the BaseModel ModelPatcher holds, bf16
+        config = MiniMaxMusic3({"audio_model": "minimax_music3"})
+        config.set_inference_dtype(torch.bfloat16, None)
+        return config.get_model({})
+
+    def call(model, fake_mode):  # the sampler's call: 6 latent frames (2 condition frames), as the sampler passes them
+        model.apply_model(torch.empty(1, 128, 6, device=COMPUTE), torch.full((1,), 0.5, device=COMPUTE),
+                          c_crossattn=torch.empty(1, 2, 8 * 4096, device=COMPUTE),
+                          conditioning_scale=torch.ones(1, 1, 1, device=COMPUTE))
+
+    return AuditedModel(name, "model", build, call)
+
+
 def _music3_dav() -> AuditedModel:
     name = "Music 3 DAV"
     try:
@@ -291,13 +318,12 @@ NOT_AUDITED = {
     "H3 text encoder: language model": "not audited yet: the 50-layer Llama2_ call (embeds, MRoPE position ids) is not "
                                        "wired up",
     "Music 3 text encoder (AR)": "not audited yet: its generate() loop needs CUDA graphs and data-dependent sampling",
-    "Music 3 DiT": "not audited yet: not wired up",
 }
 
 
 def models() -> list[AuditedModel]:
     return [_h3_vision_tower(), _h3_video_vae_decoder(), _h3_video_vae_encoder(), _h3_audio_vae(),
-            _music3_dav()]
+            _music3_dit(), _music3_dav()]
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
