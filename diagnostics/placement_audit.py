@@ -424,14 +424,15 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
     return row
 
 
-def audit(budgets=None) -> list[Row]:
-    """Every model at every budget (``BUDGETS`` by default), pack off and on, plus the models not audited."""
+def audit(budgets=None, budgets_by_model=None) -> list[Row]:
+    """Every model at every budget (``BUDGETS`` by default; ``budgets_by_model`` names others for some models), pack
+    off and on, plus the models not audited."""
     rows = []
     for spec in models():
         if spec.build is None:
             rows.append(Row(spec.name, "-", "-", not_audited=spec.unavailable))
             continue
-        for budget in budgets or BUDGETS:
+        for budget in (budgets_by_model or {}).get(spec.name, budgets or BUDGETS):
             for pack_on in (False, True):
                 rows.append(run_one(spec, budget, pack_on))
     rows += [Row(name, "-", "-", not_audited=why) for name, why in NOT_AUDITED.items()]
