@@ -314,10 +314,12 @@ def _music3_dav() -> AuditedModel:
 
 
 NOT_AUDITED = {
-    "H3 DiT": "not audited yet: the sampler-side call (MiniMaxH3Model.forward with transformer_options) is not wired up",
-    "H3 text encoder: language model": "not audited yet: the 50-layer Llama2_ call (embeds, MRoPE position ids) is not "
-                                       "wired up",
-    "Music 3 text encoder (AR)": "not audited yet: its generate() loop needs CUDA graphs and data-dependent sampling",
+    "H3 DiT": "MiniMaxH3Model._forward turns the step's sigma into Python floats (`float(1.0 - sigma_v)`) and reads the "
+              "layout's tags with `.tolist()`: values of compute-device tensors, which a FakeTensor cannot give; needs "
+              "a real device",
+    "H3 text encoder: language model": "not wired up yet (the 50-layer Llama2_ call with embeds and MRoPE position ids)",
+    "Music 3 text encoder (AR)": "its generate() loop samples tokens from data and captures CUDA graphs; one Llama2_ "
+                                 "decoder forward is not wired up yet",
 }
 
 
