@@ -63,7 +63,8 @@ ACCEPTED = {
         "ModelPatcher does not list it as loadable); explicit copy, no crash, once per VAE encode"
        for kind in ("host build", "host-to-device")},
     ("Music 3 DiT", "*_norm.beta", "host-to-device"):
-        "4,096 bytes per offloaded LayerNorm per step (72 norms, 295 kB per step at budget none, none at 50%): the "
+        "4,096 bytes per offloaded LayerNorm per step (72 / 21 / 0 / 63 norms at budgets none / 25% / 50% / 75%, at "
+        "most 295 kB per step): the "
         "LayerNorm's bias is a buffer, so stock `cast_to_input` copies it next to ComfyUI's own cast of the gamma "
         "weight beside it (same size); this is lowvram's weight streaming, no crash",
     ("Music 3 DiT", "*.rotary_pos_emb.inv_freq", "host-to-device"):
