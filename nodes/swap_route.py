@@ -5,6 +5,7 @@ the browser and the command line run one implementation. Body: ``{"workflow": <U
 
 import importlib.util
 import logging
+import sys
 from pathlib import Path
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
@@ -14,6 +15,7 @@ ROUTE = "/minimax_hotfix/swap"
 def _load_tool():
     spec = importlib.util.spec_from_file_location("minimax_hotfix_swap_loaders", TOOL)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there while the file runs
     spec.loader.exec_module(module)
     return module
 

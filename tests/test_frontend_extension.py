@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cdp import Page, chromium_binary
-from live_comfyui import PACK_ROOT, comfyui_server, http
+from comfyui_server import PACK_ROOT, comfyui_with_pack, http
 import swap_loaders
 from user_workflows import music3_checkpoint, music3_gguf
 
@@ -45,29 +45,39 @@ def _templates():
 def page(comfyui, tmp_path_factory):
     if not chromium_binary():
         pytest.fail("needs Debian's chromium package: apt-get install -y chromium")
-    with comfyui_server(comfyui, tmp_path_factory.mktemp("comfy_base")) as (url, object_info):
+    with comfyui_with_pack(Path(comfyui), tmp_path_factory.mktemp("comfy_base")) as (url, object_info):
         browser = Page()
         try:
             browser.navigate(url)
-            browser.wait_for(f"!!({APP}?.extensions?.some(e => e.name === 'MiniMaxHotfix.Swap') && {APP}.rootGraph)")
+            # The extension registered, and the canvas mounted: the workflow service has opened its first workflow.
+            browser.wait_for(f"!!({APP}?.extensions?.some(e => e.name === 'MiniMaxHotfix.Swap') "
+                             f"&& {APP}.extensionManager?.workflow?.activeWorkflow?.changeTracker)")
             yield browser, url
         finally:
             browser.close()
 
 
+# The page's export once it has settled: some nodes (ComfySwitchNode's matched types) resolve their slot types a
+# moment after a load, so the graph is read until two reads 250 ms apart agree.
+SETTLED_EXPORT = (f"(async () => {{ let last = null; for (let i = 0; i < 40; i++) {{ "
+                  f"const now = JSON.stringify({APP}.rootGraph.serialize()); if (now === last) return JSON.parse(now); "
+                  "last = now; await new Promise(done => setTimeout(done, 250)); } "
+                  "throw new Error('the graph did not settle in 10 s'); })()")
+
+
 def _load(page, workflow) -> dict:
-    """Loads a workflow into a new tab of the page; returns it as the page exports it."""
-    return page.evaluate(f"(async () => {{ await {APP}.loadGraphData({json.dumps(workflow)}, true, true, null); "
-                         f"return {APP}.rootGraph.serialize(); }})()")
+    """Loads a workflow into the page as a fresh graph; returns it as the page exports it."""
+    page.evaluate(f"{APP}.loadGraphData({json.dumps(workflow)}, true, true, null)")
+    return _export(page)
 
 
 def _export(page) -> dict:
-    return page.evaluate(f"{APP}.rootGraph.serialize()")
+    return page.evaluate(SETTLED_EXPORT)
 
 
 def _undo(page) -> dict:
-    return page.evaluate(f"(async () => {{ await {APP}.extensionManager.workflow.activeWorkflow.changeTracker.undo(); "
-                         f"return {APP}.rootGraph.serialize(); }})()")
+    page.evaluate(f"{APP}.extensionManager.workflow.activeWorkflow.changeTracker.undo()")
+    return _export(page)
 
 
 def _comparable(workflow: dict) -> dict:

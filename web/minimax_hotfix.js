@@ -25,6 +25,21 @@ function toast(severity, summary, detail) {
   app.extensionManager.toast.add({ severity, summary, detail, life: 6000 });
 }
 
+async function loadAsOneStep(workflow, graph) {
+  // Loads `graph` into the open workflow the way the frontend's own undo/redo does (ChangeTracker.updateState):
+  // with the tracker marked as restoring, the load keeps the tracker's history and state instead of resetting
+  // them; capturing afterwards makes the whole change one undo step and marks the workflow modified.
+  const tracker = workflow?.changeTracker;
+  tracker?.captureCanvasState();
+  if (tracker) tracker._restoringState = true;
+  try {
+    await app.loadGraphData(graph, false, false, workflow, { checkForRerouteMigration: false });
+  } finally {
+    if (tracker) tracker._restoringState = false;
+  }
+  tracker?.captureCanvasState();
+}
+
 async function runSwap({ reverse = false, only = null } = {}) {
   // Serialises the whole workflow, lets the server swap it, loads the result into the same tab as one undo step.
   const workflow = app.extensionManager.workflow.activeWorkflow;
@@ -38,12 +53,7 @@ async function runSwap({ reverse = false, only = null } = {}) {
     toast("error", "MiniMax Hotfix", reply.error ?? `swap failed (${response.status})`);
     return reply;
   }
-  if (reply.changed) {
-    const tracker = workflow?.changeTracker;
-    tracker?.captureCanvasState();
-    await app.loadGraphData(reply.workflow, true, false, workflow);
-    tracker?.captureCanvasState();
-  }
+  if (reply.changed) await loadAsOneStep(workflow, reply.workflow);
   const notes = [...reply.warnings];
   if (reply.kept.length) notes.push(`kept, not inserted by MiniMax Hotfix: ${reply.kept.join(", ")}`);
   toast(reply.changed ? "success" : "info", "MiniMax Hotfix", [reply.summary, ...notes].join("\n"));
