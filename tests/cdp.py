@@ -88,8 +88,12 @@ class Page:
             out.write(base64.b64decode(data))
 
     def click(self, x, y, button="left"):
+        """Moves the mouse to (x, y) and clicks there, as a user would: the canvas reads the pointer's position and
+        the pressed buttons."""
+        self.send("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y)
+        buttons = {"left": 1, "right": 2, "middle": 4}[button]
         for kind in ("mousePressed", "mouseReleased"):
-            self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button=button, clickCount=1)
+            self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button=button, buttons=buttons, clickCount=1)
 
     def close(self):
         self.process.terminate()

@@ -61,7 +61,8 @@ async function runSwap({ reverse = false, only = null } = {}) {
 }
 
 function nodeTarget(node) {
-  return { graph: node.graph && node.graph !== app.rootGraph ? node.graph.id : null, node: node.id };
+  // The root graph's own id is no subgraph id: the swap names the top level null.
+  return { graph: !node.graph || node.graph.isRootGraph ? null : node.graph.id, node: node.id };
 }
 
 app.registerExtension({
