@@ -3,6 +3,7 @@ the browser and the command line run one implementation. Body: ``{"workflow": <U
 "only": {"graph": subgraph id or null, "node": id} | null}``; reply: ``{"workflow", "changed", "summary",
 "warnings", "kept"}``, or ``{"error"}`` with status 400."""
 
+import functools
 import importlib.util
 import logging
 import sys
@@ -12,7 +13,9 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
 ROUTE = "/minimax_hotfix/swap"
 
 
+@functools.cache
 def _load_tool():
+    """The swap tool, loaded on the first request: ComfyUI's start-up does not pay for it."""
     spec = importlib.util.spec_from_file_location("minimax_hotfix_swap_loaders", TOOL)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there while the file runs
@@ -26,7 +29,6 @@ def register_swap_route() -> None:
         from aiohttp import web
         from server import PromptServer
 
-        tool = _load_tool()
         routes = PromptServer.instance.routes
     except Exception as exc:  # noqa: BLE001  (a missing route only disables the browser swap)
         logging.warning("[MiniMax Hotfix] browser swap unavailable: %s", exc)
@@ -34,6 +36,7 @@ def register_swap_route() -> None:
 
     @routes.post(ROUTE)
     async def swap(request):
+        tool = _load_tool()
         try:
             body = await request.json()
             reverse = bool(body.get("reverse"))
