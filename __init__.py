@@ -20,9 +20,13 @@ except ImportError:
 else:
     from .api import attach_to_transformers_model, detach_from_transformers_model  # noqa: F401  (public)
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from .nodes.swap_route import register_swap_route
     from .registry import install_process_fixes
 
     sys.modules.setdefault("minimax_hotfix", sys.modules[__name__])
     install_process_fixes()
+    register_swap_route()
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"]
+WEB_DIRECTORY = "./web"  # the frontend extension: swap menu entries and commands (web/minimax_hotfix.js)
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

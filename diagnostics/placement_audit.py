@@ -23,6 +23,7 @@ ComfyUI importable (``COMFYUI_PATH``); never imported by ComfyUI's start-up.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import sys
 from collections import defaultdict
@@ -35,13 +36,40 @@ from torch.utils._pytree import tree_leaves, tree_map
 COMPUTE = torch.device("cuda", 0)
 OFFLOAD = torch.device("cpu")
 BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}
+WHERE_SHOWN = 4  # places per table line (the JSON has them all)
 COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
-# Findings the pack leaves on purpose: (model, tensor, kind) -> the measured cost and the reason.
+# Findings the pack leaves on purpose: (model, tensor name pattern (fnmatch), kind) -> the measured cost and the reason.
 ACCEPTED = {
     ("H3 video VAE decoder", "decoder.pos_embed.inv_freq", "host-to-device"):
         "32 bytes per decoder call (8 float32 values, stock `.to(img_ids.device)` in RotaryEmbeddingND); no crash, "
         "and smaller than one kernel launch's arguments. Cores with qk_norm_scale (0.36+) get a resident copy from "
         "vae_qk_norm_scale; on 0.33-0.35 no fix is attached for it",
+    **{("H3 video VAE encoder", constant, "host-to-device"):
+        "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
+        "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
+        "partial load leaves in CPU RAM; explicit copies, no crash, smaller than one kernel launch's arguments"
+       for constant in ("pixel_mean", "pixel_std", "latents_mean", "latents_std")},
+    ("H3 audio VAE", "*.filter", "host-to-device"):
+        "254 copies, 1.76 MB in all, per decode: stock UpSample1d / LowPassFilter1d expand each 12-tap float32 "
+        "anti-aliasing filter to the channel count and `cast_to_input` it; buffers of weight-less modules a partial "
+        "load leaves in CPU RAM; explicit copies, no crash, once per VAE decode (not per sampling step)",
+    **{("H3 audio VAE", constant, "host-to-device"):
+        "128 bytes per encode or decode (24+24 float32 normalisation constants, stock `.to(device=z.device)`); "
+        "explicit copies, no crash"
+       for constant in ("latents_mean", "latents_std")},
+    **{("H3 audio VAE", "pre_block.attn.q_bias", kind):
+        "24,576 bytes per encode: stock CausalAttention concatenates q_bias, zero_k_bias and v_bias (2048 float32 "
+        "each) on the host and casts the result; a partial load leaves them in CPU RAM (their module has children, so "
+        "ModelPatcher does not list it as loadable); explicit copy, no crash, once per VAE encode"
+       for kind in ("host build", "host-to-device")},
+    ("Music 3 DiT", "*_norm.beta", "host-to-device"):
+        "4,096 bytes per offloaded LayerNorm per step (72 / 21 / 0 / 63 norms at budgets none / 25% / 50% / 75%, at "
+        "most 295 kB per step): the "
+        "LayerNorm's bias is a buffer, so stock `cast_to_input` copies it next to ComfyUI's own cast of the gamma "
+        "weight beside it (same size); this is lowvram's weight streaming, no crash",
+    ("Music 3 DiT", "*.rotary_pos_emb.inv_freq", "host-to-device"):
+        "32 bytes per step (16 bf16 values, stock `cast_to_input` in RotaryEmbedding): a buffer of a weight-less "
+        "module a partial load leaves in CPU RAM; explicit copy, no crash, smaller than one kernel launch's arguments",
 }
 
 
@@ -158,7 +186,7 @@ class PlacementRecorder(TorchDispatchMode):
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))
             return out
-        if origins and self.module_stack:
+        if origins:
             results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
             for result in results:
                 self.derived[id(result)] = (result, origins[0])
@@ -179,6 +207,7 @@ class AuditedModel:
     build: object  # () -> nn.Module, called under the fake mode
     call: object  # (module, fake_mode) -> None
     unavailable: str = ""  # why this core cannot build it
+    full_load_only: str = ""  # how ComfyUI's own loading never loads it partially (partial-load findings unreachable)
 
 
 def _h3_vision_tower() -> AuditedModel:
@@ -204,8 +233,8 @@ def _h3_vision_tower() -> AuditedModel:
     return AuditedModel("H3 text encoder: Qwen3-VL vision tower", "clip", build, call)
 
 
-def _h3_video_vae_decoder() -> AuditedModel:
-    name = "H3 video VAE decoder"
+def _h3_video_vae(part: str, call) -> AuditedModel:
+    name = f"H3 video VAE {part}"
     try:
         from comfy.ldm.minimax.vae import MiniMaxH3VideoVAE
     except ImportError as exc:
@@ -214,26 +243,90 @@ def _h3_video_vae_decoder() -> AuditedModel:
     def build():
         return MiniMaxH3VideoVAE()  # comfy.sd.VAE's configuration for an H3 video VAE file (float32 here)
 
-    def call(vae, fake_mode):
-        vae.decoder(torch.empty(1, 24, 1, 2, 2, device=COMPUTE))  # one latent frame, 2x2
-
     return AuditedModel(name, "vae", build, call)
 
 
+def _h3_video_vae_decoder() -> AuditedModel:
+    def call(vae, fake_mode):
+        vae.decoder(torch.empty(1, 24, 1, 2, 2, device=COMPUTE))  # one latent frame, 2x2
+
+    return _h3_video_vae("decoder", call)
+
+
+def _h3_video_vae_encoder() -> AuditedModel:
+    def call(vae, fake_mode):
+        vae.encode(torch.empty(1, 3, 1, 32, 32, device=COMPUTE))  # comfy.sd.VAE.encode's call: one 32x32 frame
+
+    return _h3_video_vae("encoder", call)
+
+
+def _h3_audio_vae() -> AuditedModel:
+    name = "H3 audio VAE"
+    try:
+        from comfy.ldm.minimax.audio_vae import MiniMaxH3AudioVAE
+    except ImportError as exc:
+        return AuditedModel(name, "vae", None, None, f"not in this core ({exc})")
+
+    def call(vae, fake_mode):  # comfy.sd.VAE's calls, float32: two stereo latent frames, then 1600 stereo samples
+        vae.decode(torch.empty(1, 32, 2, 2, device=COMPUTE))
+        vae.encode(torch.empty(1, 2, 1600, device=COMPUTE))
+
+    return AuditedModel(name, "vae", MiniMaxH3AudioVAE, call)
+
+
+def _music3_dit() -> AuditedModel:
+    name = "Music 3 DiT"
+    try:
+        from comfy.supported_models import MiniMaxMusic3
+    except ImportError as exc:
+        return AuditedModel(name, "model", None, None, f"not in this core ({exc})")
+
+    def build():  # as comfy.sd.load_diffusion_model_state_dict builds it: the BaseModel ModelPatcher holds, bf16
+        config = MiniMaxMusic3({"audio_model": "minimax_music3"})
+        config.set_inference_dtype(torch.bfloat16, None)
+        return config.get_model({})
+
+    def call(model, fake_mode):  # the sampler's call: 6 latent frames (2 condition frames), as the sampler passes them
+        model.apply_model(torch.empty(1, 128, 6, device=COMPUTE), torch.full((1,), 0.5, device=COMPUTE),
+                          c_crossattn=torch.empty(1, 2, 8 * 4096, device=COMPUTE),
+                          conditioning_scale=torch.ones(1, 1, 1, device=COMPUTE))
+
+    return AuditedModel(name, "model", build, call)
+
+
+def _music3_dav() -> AuditedModel:
+    name = "Music 3 DAV"
+    try:
+        import comfy.ops
+        from comfy.ldm.minimax_music.dav import MiniMaxMusic3DAV
+    except ImportError as exc:
+        return AuditedModel(name, "vae", None, None, f"not in this core ({exc})")
+
+    def build():
+        return MiniMaxMusic3DAV(operations=comfy.ops.disable_weight_init)  # comfy.sd.VAE's, float32
+
+    def call(dav, fake_mode):
+        dav.decode(torch.empty(1, 128, 2, device=COMPUTE))  # two latent frames (1024 samples per channel)
+
+    return AuditedModel(name, "vae", build, call, full_load_only=(
+        "comfy.sd.VAE sets disable_offload for the DAV, so every decode calls load_models_gpu(force_full_load=True); "
+        "a partial load (none in ComfyUI) would leave its weight-norm convolutions, which ModelPatcher does not list "
+        "as loadable modules, on the offload device"))
+
+
 NOT_AUDITED = {
-    "H3 DiT": "not audited yet: the sampler-side call (MiniMaxH3Model.forward with transformer_options) is not wired up",
-    "H3 video VAE encoder": "not audited yet: its causal-conv chunked encode is not wired up",
-    "H3 audio VAE": "not audited yet: not wired up",
-    "H3 text encoder: language model": "not audited yet: the 50-layer Llama2_ call (embeds, MRoPE position ids) is not "
-                                       "wired up",
-    "Music 3 text encoder (AR)": "not audited yet: its generate() loop needs CUDA graphs and data-dependent sampling",
-    "Music 3 DiT": "not audited yet: not wired up",
-    "Music 3 DAV": "not audited yet: not wired up",
+    "H3 DiT": "MiniMaxH3Model._forward turns the step's sigma into Python floats (`float(1.0 - sigma_v)`) and reads the "
+              "layout's tags with `.tolist()`: values of compute-device tensors, which a FakeTensor cannot give; needs "
+              "a real device",
+    "H3 text encoder: language model": "not wired up yet (the 50-layer Llama2_ call with embeds and MRoPE position ids)",
+    "Music 3 text encoder (AR)": "its generate() loop samples tokens from data and captures CUDA graphs; one Llama2_ "
+                                 "decoder forward is not wired up yet",
 }
 
 
 def models() -> list[AuditedModel]:
-    return [_h3_vision_tower(), _h3_video_vae_decoder()]
+    return [_h3_vision_tower(), _h3_video_vae_decoder(), _h3_video_vae_encoder(), _h3_audio_vae(),
+            _music3_dit(), _music3_dav()]
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
@@ -326,19 +419,23 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
             patcher.eject_model()
     row.findings = list(recorder.findings.values())
     for finding in row.findings:
-        finding.accepted = ACCEPTED.get((spec.name, finding.tensor, finding.kind), "")
+        finding.accepted = next((why for (model, pattern, kind), why in ACCEPTED.items() if model == spec.name
+                                 and kind == finding.kind and fnmatch.fnmatchcase(finding.tensor, pattern)), "")
+        if spec.full_load_only and BUDGETS[budget] < 1:
+            finding.accepted = f"unreachable: {spec.full_load_only}"
     row.weight_casts, row.weight_cast_bytes = recorder.weight_casts, recorder.weight_cast_bytes
     return row
 
 
-def audit(budgets=None) -> list[Row]:
-    """Every model at every budget (``BUDGETS`` by default), pack off and on, plus the models not audited."""
+def audit(budgets=None, budgets_by_model=None) -> list[Row]:
+    """Every model at every budget (``BUDGETS`` by default; ``budgets_by_model`` names others for some models), pack
+    off and on, plus the models not audited."""
     rows = []
     for spec in models():
         if spec.build is None:
             rows.append(Row(spec.name, "-", "-", not_audited=spec.unavailable))
             continue
-        for budget in budgets or BUDGETS:
+        for budget in (budgets_by_model or {}).get(spec.name, budgets or BUDGETS):
             for pack_on in (False, True):
                 rows.append(run_one(spec, budget, pack_on))
     rows += [Row(name, "-", "-", not_audited=why) for name, why in NOT_AUDITED.items()]
@@ -358,8 +455,9 @@ def table(rows: list[Row]) -> str:
         cross, _ = row.count("cross-device")
         builds, build_bytes = row.count("host build")
         copies, copy_bytes = row.count("host-to-device")
-        where = "; ".join(sorted({f"{f.module}: {f.tensor}" + (" (accepted)" if f.accepted else "")
-                                  for f in row.findings}))
+        places = sorted({f"{f.module}: {f.tensor}" + (" (accepted)" if f.accepted else "") for f in row.findings})
+        where = "; ".join(places[:WHERE_SHOWN]) + (f"; +{len(places) - WHERE_SHOWN} more" if places[WHERE_SHOWN:]
+                                                   else "")
         lines.append(f"| {row.model} | {row.budget} | {row.pack} | {cross} | {builds} ({build_bytes}) | "
                      f"{copies} ({copy_bytes}) | {row.weight_casts} ({row.weight_cast_bytes}) | {where or '-'} |")
     return "\n".join(lines)

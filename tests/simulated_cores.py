@@ -23,13 +23,14 @@ SIMULATED_CORE_ENV = "MINIMAX_HOTFIX_SIMULATED_CORE"  # set to the core's name i
 
 @dataclass(frozen=True)
 class StandIn:
-    """Source text added to one file of the copy so that a newer overlay imports on the 0.33.0 tree."""
+    """Source text added to (or changed in) one file of the copy so that a newer overlay runs on the 0.33.0 tree."""
 
     name: str
     why: str
     path: str
     text: str
     prepend: bool = False
+    replaces: str = ""  # when set, ``text`` takes the place of this exact text (found once) instead of being added
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,27 @@ INT8_COMPUTE_QUERY = StandIn(
     "    return not is_device_mps(device)\n",
 )
 
+MALLOC_GRAPH = StandIn(
+    "malloc_graph",
+    "malloc_graph_enabled/begin/end (a newer model_prefetch.py, which needs a newer comfy-aimdo than 0.33.0 pins): "
+    "graph-scoped allocation reported off, as on a machine without comfy-aimdo",
+    "comfy/model_prefetch.py",
+    "\n\n# stand-in: malloc_graph (graph-scoped allocation of a newer model_prefetch.py, reported off)\n"
+    "def malloc_graph_enabled(device):\n"
+    "    return False\n"
+    "def malloc_graph_begin(*args, **kwargs):\n"
+    "    pass\n"
+    "def malloc_graph_end(*args, **kwargs):\n"
+    "    pass\n",
+)
+MALLOC_SCOPE = StandIn(
+    "malloc_scope",
+    "prefetch_queue_pop accepts the malloc_scope argument of a newer model_prefetch.py and ignores it",
+    "comfy/model_prefetch.py",
+    "enable_graph=False, generator=None, malloc_scope=None):",
+    replaces="enable_graph=False, generator=None):",
+)
+
 CORES = {
     core.name: core
     for core in (
@@ -95,7 +117,8 @@ CORES = {
              ("Comfy-Org/ComfyUI/19315e86/comfy/ldm/minimax/vae.py",)),
         Core("post-#15861 Music 3", "after Comfy Compiler #15861, before #16428: Music 3 AR without decode_buffers",
              ("Comfy-Org/ComfyUI/00a76cac/comfy/text_encoders/llama.py",
-              "comfyanonymous/ComfyUI/bc8cb493/comfy/ldm/minimax_music/ar.py")),
+              "comfyanonymous/ComfyUI/bc8cb493/comfy/ldm/minimax_music/ar.py"),
+             (MALLOC_GRAPH, MALLOC_SCOPE)),
         Core("fixed int8", "a core with #16130 and #16285: int8 _full_precision_mm honoured in linear_input_act",
              ("Comfy-Org/ComfyUI/0271a469/comfy/ops.py",), (INT8_COMPUTE_QUERY,)),
         Core("0.38 Qwen3-VL", "0.38 era: Qwen3-VL vision tower tables still built on the weight's or buffer's device",
@@ -136,5 +159,12 @@ def build_core(name: str, dest: Path) -> Path:
     for stand_in in core.stand_ins:
         target = dest / stand_in.path
         source = target.read_text(encoding="utf-8")
-        target.write_text(stand_in.text + source if stand_in.prepend else source + stand_in.text, encoding="utf-8")
+        if stand_in.replaces:
+            assert source.count(stand_in.replaces) == 1, f"stand-in {stand_in.name}: {stand_in.path} has drifted"
+            source = source.replace(stand_in.replaces, stand_in.text)
+        elif stand_in.prepend:
+            source = stand_in.text + source
+        else:
+            source += stand_in.text
+        target.write_text(source, encoding="utf-8")
     return dest

@@ -13,12 +13,15 @@ from minimax_hotfix.diagnostics import placement_audit
 from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full")
+# the slowest model on FakeTensors (~7,000 ops per call): its partial load once, the doctor's run has all budgets
+BUDGETS_BY_MODEL = {"H3 audio VAE": ("none",)}
 ALL_MODELS = {"H3 DiT", "H3 video VAE decoder", "H3 video VAE encoder", "H3 audio VAE",
               "H3 text encoder: Qwen3-VL vision tower", "H3 text encoder: language model",
               "Music 3 text encoder (AR)", "Music 3 DiT", "Music 3 DAV"}
 # what the audit must find with the pack off, per core (a red control for the audit itself)
 EXPECTED_OFF = {
-    None: {("H3 text encoder: Qwen3-VL vision tower", "none"): "host build"},
+    None: {("H3 text encoder: Qwen3-VL vision tower", "none"): "host build", ("Music 3 DAV", "50%"): "cross-device",
+           ("H3 video VAE encoder", "none"): "host-to-device"},
     "0.38 Qwen3-VL": {("H3 text encoder: Qwen3-VL vision tower", "none"): "host build"},
     "0.36/0.37 VAE": {("H3 video VAE decoder", "none"): "cross-device", ("H3 video VAE decoder", "50%"): "cross-device"},
 }
@@ -29,7 +32,7 @@ def audited(comfyui):
     patch = pytest.MonkeyPatch()
     use_newer_linear_input_act(patch.setattr)  # the newer VAE's call form, where this core lacks it
     start = time.perf_counter()
-    rows = placement_audit.audit(BUDGETS)
+    rows = placement_audit.audit(BUDGETS, BUDGETS_BY_MODEL)
     seconds = time.perf_counter() - start
     patch.undo()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -40,7 +43,7 @@ def audited(comfyui):
 
 def test_every_model_is_audited_or_says_why(audited):
     assert {row.model for row in audited} >= ALL_MODELS
-    assert all(row.not_audited or row.budget in BUDGETS for row in audited)
+    assert all(row.not_audited or row.budget in BUDGETS_BY_MODEL.get(row.model, BUDGETS) for row in audited)
 
 
 def test_pack_on_leaves_no_cross_device_op_and_no_host_work(audited):

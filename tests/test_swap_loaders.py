@@ -535,7 +535,7 @@ def test_only_one_node_is_swapped_when_asked():
     workflow["nodes"].append(vae)
     changes = swap_loaders.swap(workflow, only={"graph": None, "node": 99})
     assert changes.swapped == [vae] and not changes.inserted
-    changes = swap_loaders.swap(workflow, only={"graph": None, "node": loader["id"]})
+    changes = swap_loaders.swap(workflow, only={"graph": None, "node": str(loader["id"])})  # as the frontend names it
     assert len(changes.inserted) == 3 and not changes.swapped
     with pytest.raises(swap_loaders.WorkflowError, match="no node 5 in graph sub"):
         swap_loaders.swap(workflow, only={"graph": "sub", "node": 5})

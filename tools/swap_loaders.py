@@ -531,11 +531,12 @@ def _remove_api_apply_nodes(doc: dict) -> list:
 # ---- the swap ----
 
 def _chosen_node(doc: dict, only: dict):
-    """The node ``only`` names: ``{"graph": subgraph id, or None for the top level, "node": node id}``."""
+    """The node ``only`` names: ``{"graph": subgraph id, or None for the top level, "node": node id}``. The id may
+    come as a string (the frontend keeps node ids as strings on its live nodes, numbers in the document)."""
     for graph in _graphs(doc):
         if (graph is doc) == (only.get("graph") is None) and (graph is doc or graph.get("id") == only["graph"]):
             for node in graph.get("nodes", []):
-                if node.get("id") == only.get("node"):
+                if str(node.get("id")) == str(only.get("node")):
                     return node
     raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
 
