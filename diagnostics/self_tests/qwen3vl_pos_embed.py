@@ -32,6 +32,18 @@ def outputs_match(fixed, stock, device: torch.device) -> tuple[bool, str]:
     return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock)), "values"
 
 
+def all_on_cpu_check(tower, pixels, grid, install_on_towers) -> Check:
+    """With a fix's ``install_on_towers`` on ``tower`` while it is all on cpu, the output is bit-identical to the stock
+    tower's. Run first, before the tower is split across devices; listed after the red control and its green."""
+    resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
+    with_fix = install_on_towers(tower)
+    try:
+        return Check("green: all on cpu, output bit-identical to the stock tower",
+                     all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
+    finally:
+        remove_handles(with_fix)
+
+
 def self_test():
     if comfy_tower_class() is None:
         return ()
@@ -40,13 +52,7 @@ def self_test():
     tower = tiny_tower()
     grid = torch.tensor(TINY_GRID)
     pixels = tiny_pixels()
-    resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
-    with_fix = install_on_towers(tower)
-    try:  # run first, while the tower is all on cpu; printed after the red control and its green
-        all_on_cpu = Check("green: all on cpu, output bit-identical to the stock tower",
-                           all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
-    finally:
-        remove_handles(with_fix)
+    all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
 
     gather_devices: list[torch.device] = []
     spy = tower.pos_embed.register_forward_pre_hook(lambda mod, args: gather_devices.append(args[0].device))

@@ -11,7 +11,7 @@ from ...patches.qwen3vl_pos_embed import install_on_towers as install_position_t
 from ...patches.qwen3vl_rotary_table import install_on_towers
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
-from .qwen3vl_pos_embed import outputs, outputs_match, tiny_pixels
+from .qwen3vl_pos_embed import all_on_cpu_check, outputs, outputs_match, tiny_pixels
 
 LATER_CALLS = 3
 
@@ -50,13 +50,7 @@ def self_test():
     grid = torch.tensor(TINY_GRID)
     pixels = tiny_pixels()
     tower = tiny_tower()
-    resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
-    with_fix = install_on_towers(tower)
-    try:  # run first, while the tower is all on cpu; printed after the red control and its green
-        all_on_cpu = Check("green: all on cpu, output bit-identical to the stock tower",
-                           all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
-    finally:
-        remove_handles(with_fix)
+    all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
 
     left_behind = partially_loaded(tower, device)
     built_on = tables_built_on(tower)
