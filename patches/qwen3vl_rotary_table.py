@@ -96,16 +96,16 @@ class Qwen3VLRotaryTableFix(Fix):
         forward_names = inspect.unwrap(tower_class.forward).__code__.co_names
         if (rot_pos_emb is None or "rot_pos_emb" not in forward_names
                 or "rotary_pos_emb" not in inspect.unwrap(rot_pos_emb).__code__.co_names):
-            return Status(State.DISABLED, "Qwen35VisionModel no longer builds its rotary table in rot_pos_emb from "
-                                          "self.rotary_pos_emb: target drifted, fix left off")
+            return Status(State.FAILED, "Qwen35VisionModel no longer builds its rotary table in rot_pos_emb from "
+                                        "self.rotary_pos_emb: target drifted, fix left off")
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):
             return Status(State.FIXED_UPSTREAM, "Qwen35VisionRotaryEmbedding.forward no longer takes its device "
                                                 "from the inv_freq buffer")
         tower = tiny_tower()
         rotary = tower.rotary_pos_emb
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
-            return Status(State.DISABLED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "
-                                          "pack's compute-device copy (table changed upstream): fix left off")
+            return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "
+                                        "pack's compute-device copy (table changed upstream): fix left off")
         return Status(State.APPLIED, "rot_pos_emb builds the rotary table on the inv_freq buffer's device: a load "
                                      "that is not full leaves it in CPU RAM, so every image builds the table on "
                                      "the CPU and sends it over the bus (no crash: forward moves the result)")
