@@ -51,3 +51,13 @@ def fresh_detection(monkeypatch):
     pack_registry.forget_detection()
     yield
     pack_registry.forget_detection()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Names the simulated cores this run built, with their overlays and stand-ins."""
+    import simulated_cores
+
+    if simulated_cores.BUILT:
+        terminalreporter.section("simulated cores")
+        for name in simulated_cores.BUILT:
+            terminalreporter.write_line(simulated_cores.describe(name))

@@ -144,9 +144,13 @@ def describe(name: str) -> str:
     return "\n".join(lines)
 
 
+BUILT: list[str] = []  # the cores built in this process, for the test summary
+
+
 def build_core(name: str, dest: Path) -> Path:
     """A writable ComfyUI tree for core ``name`` at ``dest`` (created; must not exist yet)."""
     core = CORES[name]
+    BUILT.append(name)
     shutil.copytree(BASE, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for folder, _, files in os.walk(dest):
         for entry in files:

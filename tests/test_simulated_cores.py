@@ -113,7 +113,6 @@ def core_path(comfyui, tmp_path_factory):
     def path(name: str) -> Path:
         if name not in built:
             built[name] = simulated_cores.build_core(name, tmp_path_factory.mktemp("core") / "ComfyUI")
-            print(simulated_cores.describe(name))
         return built[name]
 
     return path
