@@ -1,4 +1,4 @@
-"""CUDA-graph stream-capture rules for host copies, on any build, so the capture policy (kernels/capture_policy.py)
+"""CUDA-graph stream-capture rules for host copies, on any build, so the capture policy (kernels/music3_graph_capture.py)
 can be checked without a GPU: PyTorch raises "Cannot copy between CPU and CUDA tensors during CUDA graph capture
 unless the CPU tensor is pinned." for a copy from pageable host memory during capture."""
 
@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..kernels.capture_policy import decide_unit, is_pageable_host_tensor
+from ..kernels.music3_graph_capture import decide_unit, is_pageable_host_tensor
 
 CAPTURE_HOST_COPY_ERROR = (
     "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned."

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from ..kernels.rope_device import is_device_mismatch, rope_function_names
+from ..kernels.ck_rope_device import is_device_mismatch, rope_function_names
 from ..registry.contract import Check
 
 

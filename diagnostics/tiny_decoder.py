@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.static_buffers import StaticBufferPool, with_decode_buffers
+from ..kernels.music3_graph_buffers import StaticBufferPool, with_decode_buffers
 from .emulated_capture import emulated_capture
 
 Q4_0_BLOCK = 32

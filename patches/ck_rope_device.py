@@ -20,7 +20,7 @@ scales) disables the fix as drifted.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=ck_rope_device`` (read when ComfyUI loads the pack).
 
-How: a process-wide, idempotent, reversible wrapper of the comfy_kitchen module attributes (kernels/rope_device.py):
+How: a process-wide, idempotent, reversible wrapper of the comfy_kitchen module attributes (kernels/ck_rope_device.py):
 a stray scale/table is moved to q's device before routing, so the call reaches the fast backend; when the devices
 already agree the wrapper makes the very same call. The first move per function and operand is logged.
 """
@@ -31,7 +31,7 @@ import threading
 
 import torch
 
-from ..kernels.rope_device import (device_aligned, is_device_mismatch, operand_positions, rope_function_names,
+from ..kernels.ck_rope_device import (device_aligned, is_device_mismatch, operand_positions, rope_function_names,
                                    unaligned_kitchen)
 from ..registry.contract import Fix, Retirement, State, Status, Target, log
 

@@ -27,7 +27,7 @@ nothing attached. A ``linear_input_act`` signature with parameters this fix does
 Off switch: ``MINIMAX_HOTFIX_DISABLE=int8_full_precision_mm``.
 
 How: attached to MODEL, CLIP and VAE patchers as an injection. When the patcher's load device fails a real
-``torch._int_mm`` probe (kernels/int8_fallback.py; cached per device, so MPS on torch >= 2.15 keeps native int8),
+``torch._int_mm`` probe (kernels/int8_full_precision_mm.py; cached per device, so MPS on torch >= 2.15 keeps native int8),
 every int8-GEMM Linear of that model that the core does not dequantize itself gets an instance ``forward`` that
 computes with the weight dequantized once and cached until ComfyUI moves or patches it, and is marked for
 ``linear_input_act``. Each call checks the input's device again, so where int8 compute exists the layer's own fused
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels.int8_fallback import (MARK, DequantizedInt8Linear, diverting_linear_input_act, has_int8_gemm_weight,
+from ..kernels.int8_full_precision_mm import (MARK, DequantizedInt8Linear, diverting_linear_input_act, has_int8_gemm_weight,
                                      int8_compute_available, matches, outcome, tiny_int8_linear)
 from ..registry.comfy import comfy_module
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log, model_injection, set_injection
@@ -82,7 +82,7 @@ def _diffusion_model_options(model_management) -> dict:
     return {"disabled": sorted(INT8_COMPUTE_FORMATS) if lacking else []}
 
 
-# Every loader of ComfyUI that builds int8 layers (docs/int8_fallback.md has the table, with the loaders that cannot).
+# Every loader of ComfyUI that builds int8 layers (docs/int8_full_precision_mm.md has the table, with the loaders that cannot).
 MODEL_KINDS = (
     ModelKind("diffusion model", Target.MODEL, "comfy.ops.pick_operations(..., model_config=<quantized>) in model_base",
               _diffusion_model_options),

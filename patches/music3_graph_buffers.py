@@ -21,7 +21,7 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=music3_graph_buffers``.
 
 How: attached to CLIP patchers as an injection that acts only on a Music 3 text encoder. It gives that encoder's
 ``Llama2_`` an instance ``forward`` which, on single-token decode steps with graphs enabled and no buffers from the
-caller, passes ``decode_buffers`` from a per-model ``StaticBufferPool`` (kernels/static_buffers.py): the buffers come
+caller, passes ``decode_buffers`` from a per-model ``StaticBufferPool`` (kernels/music3_graph_buffers.py): the buffers come
 from the decoder's own ``init_decode_buffers`` and keep their addresses for the whole AR run, reallocated only when the
 hidden state's shape, stride, dtype or device changes. Graphs stay on. ``--disable-cuda-graphs`` is honoured (nothing
 is passed then), a caller that passes its own buffers is untouched, and ejecting the model removes the override.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..kernels.static_buffers import StaticBufferPool, with_decode_buffers
+from ..kernels.music3_graph_buffers import StaticBufferPool, with_decode_buffers
 from ..registry.comfy import comfy_module, is_music3_text_encoder
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 

@@ -22,7 +22,7 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=music3_graph_capture``.
 
 How: attached to CLIP patchers (so also to a CLIP from the GGUF loaders, through "Apply MiniMax Hotfix (CLIP)") as an
 injection that acts only on a Music 3 text encoder. After each load it asks the capture policy
-(kernels/capture_policy.py) about every graph unit, from its weights' type and residency: GGUF Q4_0/Q4_1/Q5_x/K-quant/
+(kernels/music3_graph_capture.py) about every graph unit, from its weights' type and residency: GGUF Q4_0/Q4_1/Q5_x/K-quant/
 IQ4 weights, or weights kept in unpinned host memory without a dynamic-VRAM slot, mean no capture for that unit. Such
 a unit's ``_v_block`` (what ``prefetch_queue_pop`` checks before it captures) reads None while the model is loaded,
 so the unit runs eagerly; every other unit keeps its graph. ``--disable-cuda-graphs`` is never touched. Ejecting the
@@ -37,7 +37,7 @@ import re
 
 import torch
 
-from ..kernels.capture_policy import decide_unit
+from ..kernels.music3_graph_capture import decide_unit
 from ..registry.comfy import comfy_module, is_music3_text_encoder
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.kernels.rope_device import device_aligned, operand_positions, rope_function_names, unaligned
+from minimax_hotfix.kernels.ck_rope_device import device_aligned, operand_positions, rope_function_names, unaligned
 from minimax_hotfix.patches import ck_rope_device
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
-from minimax_hotfix.kernels.rope_device import is_device_mismatch
+from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.diagnostics import self_test
 
 FIX = ck_rope_device.FIX

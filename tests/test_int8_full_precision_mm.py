@@ -22,7 +22,7 @@ from torch import nn
 
 import comfy_kitchen
 from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
-from minimax_hotfix.kernels.int8_fallback import DequantizedLinear, forget_int8_probes, int8_compute_available
+from minimax_hotfix.kernels.int8_full_precision_mm import DequantizedLinear, forget_int8_probes, int8_compute_available
 from minimax_hotfix.registry import key_for
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches import int8_full_precision_mm

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_hotfix.kernels.int8_fallback import forget_int8_probes
+from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
 from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS
@@ -147,7 +147,7 @@ def test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself(comfyu
     import comfy.ops
 
     from minimax_hotfix.registry import key_for
-    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
+    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
 
     layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=True)
     patcher = comfy.model_patcher.ModelPatcher(torch.nn.ModuleList([layer]), load_device=torch.device("cpu"),
@@ -168,7 +168,7 @@ def expected_kinds():
     import comfy.model_management
     import comfy.ops
 
-    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
+    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
 
     expected = {}
     for kind in MODEL_KINDS:

@@ -1,4 +1,4 @@
-"""The opt-in GPU check (benchmarks/gpu_music3_graphs.py) stays runnable: its argument parsing, model construction
+"""The opt-in GPU check (benchmarks/music3_graph_capture.py) stays runnable: its argument parsing, model construction
 and static-buffer logic run here on CPU (graphs emulated), and without CUDA it exits clearly."""
 
 import importlib.util
@@ -10,13 +10,13 @@ import torch
 from minimax_hotfix.diagnostics.emulated_capture import capture_allowed_on
 from minimax_hotfix.diagnostics.tiny_decoder import EmulatedGraphs, GGUFStyleQ4Linear
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_music3_graphs.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "music3_graph_capture.py"
 SMALL = ["--steps", "8", "--layers", "3", "--hidden", "64", "--heads", "4", "--intermediate", "128", "--dtype", "fp32"]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_music3_graphs", SCRIPT)
+    spec = importlib.util.spec_from_file_location("music3_graph_capture", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

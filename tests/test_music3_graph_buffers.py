@@ -6,7 +6,7 @@ the tensors bound at capture, as a CUDA graph reads captured addresses) is noise
 import pytest
 import torch
 
-from minimax_hotfix.kernels.static_buffers import (StaticBufferPool, is_graphed_decode_step, tensor_key,
+from minimax_hotfix.kernels.music3_graph_buffers import (StaticBufferPool, is_graphed_decode_step, tensor_key,
                                                    with_decode_buffers)
 from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, TinyCache, TinyConfig, build_decoder,
                                                  decode_hidden_states)

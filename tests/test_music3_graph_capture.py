@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, emulated_capture
-from minimax_hotfix.kernels.capture_policy import decide_unit, ggml_type
+from minimax_hotfix.kernels.music3_graph_capture import decide_unit, ggml_type
 from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, HostWeightLinear, TinyConfig, build_decoder,
                                                  decode_hidden_states, dequantize_q4_0, quantize_q4_0)
 from minimax_hotfix.patches.music3_graph_capture import FIX

@@ -197,7 +197,7 @@ def test_static_cache_first_generate_probe_keeps_a_seeded_result(monkeypatch):
 
 
 def test_int8_compute_probe_keeps_the_random_state():
-    from minimax_hotfix.kernels.int8_fallback import forget_int8_probes, int8_compute_available
+    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes, int8_compute_available
 
     forget_int8_probes()
     keeps_random_state([int8_full_precision_mm.FIX_ID], "first-use probe: int8 compute on cpu and meta",
@@ -276,7 +276,7 @@ def comfy_models():
     from test_music3_graphs_comfyui import TINY_CONFIG
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
-    from minimax_hotfix.kernels.int8_fallback import tiny_int8_linear
+    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
     from minimax_hotfix.patches import qwen3vl_pos_embed
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)

@@ -22,7 +22,7 @@ from minimax_hotfix.patches import vae_qk_norm_scale
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
-from minimax_hotfix.kernels.rope_device import is_device_mismatch
+from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.diagnostics import self_test
 
 FIX = vae_qk_norm_scale.FIX

@@ -13,7 +13,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ...kernels.int8_fallback import (MARK, DequantizedLinear, dequantizer, forget_int8_probes, int8_compute_available,
+from ...kernels.int8_full_precision_mm import (MARK, DequantizedLinear, dequantizer, forget_int8_probes, int8_compute_available,
                                       matches, outcome)
 from ...patches.int8_full_precision_mm import FIX
 from ...registry.comfy import comfy_module

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.capture_policy import decide_unit
+from ...kernels.music3_graph_capture import decide_unit
 from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
-from ...kernels.rope_device import unaligned_kitchen
+from ...kernels.ck_rope_device import unaligned_kitchen
 from ...patches.vae_qk_norm_scale import BUFFER, install_on
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator

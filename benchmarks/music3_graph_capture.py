@@ -1,7 +1,7 @@
 """Opt-in GPU check of the two MiniMax Music 3 CUDA-graph fixes (music3_graph_buffers, music3_graph_capture).
 
-    python benchmarks/gpu_music3_graphs.py            # about a minute on one GPU; no network; exits 2 without CUDA
-    python benchmarks/gpu_music3_graphs.py --json out.json
+    python benchmarks/music3_graph_capture.py            # about a minute on one GPU; no network; exits 2 without CUDA
+    python benchmarks/music3_graph_capture.py --json out.json
 
 On a tiny Llama-shaped decoder decoded like Music 3's AR loop, with per-layer CUDA graphs captured and replayed the
 way ``comfy.model_prefetch`` does it (diagnostics/tiny_decoder.py), side by side in one run:

@@ -31,7 +31,7 @@ from .tensor_versions import tensor_versions
 INT8_GEMM_LAYOUTS = frozenset({"TensorWiseINT8Layout", "AsymW4A8Int8Layout"})
 # Set on each diverted layer (its fallback object) and on the linear_input_act wrapper (the wrapper itself, so it is
 # still found under a wrapper another pack puts on top with functools.wraps, which copies the attribute).
-MARK = "_minimax_hotfix_int8_fallback"
+MARK = "_minimax_hotfix_int8_full_precision_mm"
 # CUDA's _int_mm wants more than 16 rows and inner/outer sizes that are multiples of 8; 32 satisfies every backend.
 _PROBE_SIZE = 32
 

@@ -1,6 +1,6 @@
 """Speed and memory of int8_full_precision_mm's fallback against a dense ``F.linear`` of the same shapes, one run.
 
-    COMFYUI_PATH=/path/to/ComfyUI python benchmarks/int8_fallback.py [--tokens 256] [--vae-tokens 256] [--dtype float32] [--repeats 30]
+    COMFYUI_PATH=/path/to/ComfyUI python benchmarks/int8_full_precision_mm.py [--tokens 256] [--vae-tokens 256] [--dtype float32] [--repeats 30]
 
 Builds an H3-DiT-shaped MLP (fc1 hidden->2*ffn through ``forward``, fc2 ffn->hidden through
 ``comfy.ops.linear_input_act(..., "swiglu")``) and the four int8 Linears of one MiniMax H3 video VAE decoder block at
@@ -63,7 +63,7 @@ def main() -> int:
     dtype = getattr(torch, options.dtype)
 
     load_pack()
-    from minimax_hotfix.kernels.int8_fallback import forget_int8_probes
+    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
     from minimax_hotfix.registry import key_for
     from minimax_hotfix.registry.comfy import use_comfyui_checkout
     from minimax_hotfix.diagnostics.report import comfyui_version
