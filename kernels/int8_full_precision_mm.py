@@ -10,6 +10,8 @@
 
 * ``DequantizedInt8Linear``, ``diverting_linear_input_act``, ``has_int8_gemm_weight``, ``tiny_int8_linear``: the same
   for ComfyUI's int8 layers, with the running core's modules (``comfy.ops``, ...) passed in.
+* ``MODEL_KINDS`` and ``probe_paths``: the ways ComfyUI's loaders build int8 layers, and a tiny layer's two call
+  paths with their dequantized reference, which the fix's detection compares.
 
 No ComfyUI imports here.
 """
@@ -20,6 +22,7 @@ import functools
 import json
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -230,3 +233,52 @@ def outcome(call, raised=(NotImplementedError, RuntimeError)):
         return call()
     except raised as exc:
         return exc
+
+
+# Quant formats whose comfy-kitchen kernels need int8 compute: cores with #16130 disable them per load device.
+INT8_COMPUTE_FORMATS = frozenset({"int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4"})
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One way ComfyUI builds int8 layers: ``options(model_management)`` are the ``mixed_precision_ops`` options its
+    loader passes for a load device without int8 compute; ``built_by`` says where and how, for the status reason."""
+
+    name: str
+    target: str  # the pack's Target value: model, clip or vae
+    built_by: str
+    options: object
+
+
+def _diffusion_model_options(model_management) -> dict:
+    """``pick_operations`` on cores with #16130 disables the int8 formats where ``supports_int8_compute`` says no (the
+    query decides by device type: MPS is the device it answers no for on every such core), which marks the layers
+    ``_full_precision_mm``; older cores disable no int8 format."""
+    query = getattr(model_management, "supports_int8_compute", None)
+    lacking = query is not None and not query(torch.device("mps"))
+    return {"disabled": sorted(INT8_COMPUTE_FORMATS) if lacking else []}
+
+
+# Every loader of ComfyUI that builds int8 layers, replayed by the fix's detection (docs/int8_full_precision_mm.md has
+# the table, with the loaders that cannot).
+MODEL_KINDS = (
+    ModelKind("diffusion model", "model", "comfy.ops.pick_operations(..., model_config=<quantized>) in model_base",
+              _diffusion_model_options),
+    ModelKind("text encoder", "clip", "comfy/sd1_clip.py: mixed_precision_ops(quant_config, dtype, "
+              "full_precision_mm=True)", lambda model_management: {"full_precision_mm": True}),
+    ModelKind("Music 3 text encoder", "clip", "comfy/text_encoders/minimax_music.py: mixed_precision_ops(quant_config, "
+              "dtype), no full_precision_mm", lambda model_management: {}),
+    ModelKind("MiniMax H3 video VAE", "vae", "comfy/sd.py: mixed_precision_ops(quant_config, dtype), no "
+              "full_precision_mm, no disabled formats", lambda model_management: {}),
+)
+
+
+def probe_paths(ops, device, **options):
+    """An int8 layer of the running core on ``device``, built with ``mixed_precision_ops(..., **options)``: its two
+    call paths (forward, linear_input_act with swiglu), their fp32 reference with the dequantized weight, and the
+    layer itself."""
+    layer = tiny_int8_linear(ops, 64, 16, device=device, **options)
+    gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(device)
+    activated = ops.INPUT_ACT_EAGER["swiglu"](gated)
+    paths = (lambda: layer(activated), lambda: ops.linear_input_act(layer, gated, "swiglu"))
+    return paths, F.linear(activated, layer.weight.dequantize()), layer

@@ -174,3 +174,14 @@ def rotary_frequency_table(inv_freq: torch.Tensor, seqlen: int) -> torch.Tensor:
     float operations of ComfyUI's ``Qwen35VisionRotaryEmbedding.forward``, so bit-identical to it on one device."""
     positions = torch.arange(seqlen, device=inv_freq.device, dtype=inv_freq.dtype)
     return torch.outer(positions, inv_freq)
+
+
+def hook_comfy_towers(model: torch.nn.Module, tower_class: type, hook: Callable[[torch.nn.Module], object]) -> list:
+    """For each ``tower_class`` (a ComfyUI vision tower: it takes ``x`` and adds its tables to ``patch_embed``'s output)
+    in ``model``: ``track_compute_device``'s handles and ``hook(tower)``'s handle."""
+    handles = []
+    for module in model.modules():
+        if isinstance(module, tower_class):
+            handles += track_compute_device(module, "x", refine_from=module.patch_embed)
+            handles.append(hook(module))
+    return handles

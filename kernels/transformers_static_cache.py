@@ -6,6 +6,7 @@
   number) is returned untouched, never traversed: a cache owns its buffers and places them itself.
 * ``shards_kv_heads`` and ``UnshardedView``: which TP plans split the KV heads, and a model seen with its TP size
   unset.
+* the two wrappers of ``GenerationMixin`` (``wrap_generation``), each repairing only while the fix says so.
 * the probes' tiny Qwen3 on ``meta`` and what they run on it: ``prepare_on_fake_cuda`` (where do generation inputs
   go?) and ``kv_heads_per_rank`` (how many KV heads does an early static cache give each TP rank?). transformers is
   imported only when a probe runs.
@@ -14,12 +15,16 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import warnings
+from typing import Callable
 
 import torch
 
 PREPARE_INPUTS = "prepare_inputs_for_generation"
+# Set on each wrapper; holds the function it wraps.
+WRAPPED = "_minimax_hotfix_wrapped"
 INIT_SHAPE = "_get_static_cache_init_shape"
 # The probe's TP plans: MLP-only leaves the 2 KV heads whole; colwise k/v splits them 1 per rank.
 MLP_ONLY_PLAN = {"model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "colwise",
@@ -158,3 +163,67 @@ def main_generation_input(arguments: dict, model_inputs: dict):
     """The input whose device decides whether ``prepare_inputs_for_generation`` moves the rest (the embeddings where
     this step uses them, else the ids), as the caller passed it: the returned one has already been moved."""
     return arguments.get("inputs_embeds") if "inputs_embeds" in model_inputs else arguments.get("input_ids")
+
+
+def prepare_inputs_wrapper(original, repairing: Callable[[str], bool]):
+    """``prepare_inputs_for_generation`` that also moves the nested inputs to the model device while
+    ``repairing("masks")``."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def prepare_inputs_for_generation(self, *args, **kwargs):
+        model_inputs = original(self, *args, **kwargs)
+        if not repairing("masks"):
+            return model_inputs
+        device = self.device
+        main_input = main_generation_input(signature.bind_partial(self, *args, **kwargs).arguments, model_inputs)
+        # Upstream's condition (5.20.2+): inputs are moved only when the main one is off the model device; a caller
+        # may keep them elsewhere on purpose (Neuron/TPU), and transformers never moves inputs to a meta model.
+        if device.type == "meta" or main_input is None or main_input.device == device:
+            return model_inputs
+        for key, value in model_inputs.items():
+            if isinstance(value, (dict, list, tuple)):
+                model_inputs[key] = move_nested(value, device)
+        return model_inputs
+
+    return prepare_inputs_for_generation
+
+
+def init_shape_wrapper(original, repairing: Callable[[str], bool]):
+    """``_get_static_cache_init_shape`` that divides the KV heads only for a sharded key projection while
+    ``repairing("tp_heads")``."""
+    @functools.wraps(original)
+    def _get_static_cache_init_shape(self, *args, **kwargs):
+        if ((getattr(self, "_tp_size", None) or 1) > 1 and not shards_kv_heads(getattr(self, "tp_plan", None))
+                and repairing("tp_heads")):
+            return original(UnshardedView(self), *args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    return _get_static_cache_init_shape
+
+
+WRAPPERS = {PREPARE_INPUTS: prepare_inputs_wrapper, INIT_SHAPE: init_shape_wrapper}
+
+
+def wrap_generation(mixin, repairing: Callable[[str], bool]) -> None:
+    """Wrap ``mixin``'s two methods once (a wrapper already there is kept); each wrapper repairs while ``repairing``."""
+    for name, make_wrapper in WRAPPERS.items():
+        current = mixin.__dict__.get(name)
+        if current is None or hasattr(current, WRAPPED):
+            continue
+        wrapper = make_wrapper(current, repairing)
+        setattr(wrapper, WRAPPED, current)
+        setattr(mixin, name, wrapper)
+
+
+def unwrapped(mixin, name: str):
+    """``mixin``'s method ``name`` as transformers ships it."""
+    function = mixin.__dict__.get(name)
+    return getattr(function, WRAPPED, function)
+
+
+def unwrap_generation(mixin) -> None:
+    for name in WRAPPERS:
+        current = mixin.__dict__.get(name)
+        if hasattr(current, WRAPPED):
+            setattr(mixin, name, getattr(current, WRAPPED))

@@ -12,7 +12,6 @@ import nodes as comfy_nodes
 
 from .. import registry
 from ..registry.contract import Target
-from ..registry.status_table import status_table
 
 CATEGORY = "MiniMax Hotfix"
 
@@ -119,6 +118,8 @@ class MiniMaxHotfixStatus:
         return float("nan")  # the off switch and upstream state can change between runs
 
     def report(self):
+        from ..registry.status_table import status_table  # imported on the node's first run, not at start-up
+
         table = status_table()
         return {"ui": {"text": [table]}, "result": (table,)}
 

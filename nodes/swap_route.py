@@ -5,9 +5,10 @@ the browser and the command line run one implementation. Body: ``{"workflow": <U
 
 import functools
 import importlib.util
-import logging
 import sys
 from pathlib import Path
+
+from ..registry.contract import log
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
 ROUTE = "/minimax_hotfix/swap"
@@ -31,7 +32,7 @@ def register_swap_route() -> None:
 
         routes = PromptServer.instance.routes
     except Exception as exc:  # noqa: BLE001  (a missing route only disables the browser swap)
-        logging.warning("[MiniMax Hotfix] browser swap unavailable: %s", exc)
+        log.warning("MiniMax Hotfix: browser swap unavailable: %s", exc)
         return
 
     @routes.post(ROUTE)

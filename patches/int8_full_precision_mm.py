@@ -15,41 +15,29 @@ Upstream: issue Comfy-Org/ComfyUI#16284; fixed for diffusion models and ``sd1_cl
 
 Applies to: ComfyUI 0.33.0 and later with comfy-kitchen's int8 layouts; any torch.
 
-Detection ("fixed upstream"), per kind of model (``MODEL_KINDS``): behavioural. For each kind a tiny int8 Linear is
-built with the ``mixed_precision_ops`` options that kind's loader passes on a device without int8 compute, loaded from
-a state dict the way ComfyUI loads quantized checkpoints, and run through ``forward`` and ``linear_input_act`` on CPU;
-a kind whose two results equal a linear with the dequantized weight (within fp32 rounding, far below int8 activation
-rounding) is fixed upstream. The fix is "fixed upstream" only when every kind is; the reason lists each kind. At
-attach time the same question is asked of each real layer: a layer the core dequantizes itself (marked
-``_full_precision_mm`` on a core that honours the mark) is left alone, and a model with no other int8 layer gets
-nothing attached. A ``linear_input_act`` signature with parameters this fix does not know disables it (target drifted).
+Detection ("fixed upstream"), per kind of model (``MODEL_KINDS``): behavioural. A tiny int8 Linear built as that
+kind's loader builds it for a device without int8 compute runs through ``forward`` and ``linear_input_act`` on CPU;
+a kind whose results equal the dequantized weight's is fixed upstream, and the fix only when every kind is. At attach
+time each real layer is asked the same, and a model with nothing left to divert gets nothing. A
+``linear_input_act`` signature with parameters this fix does not know disables it (target drifted).
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=int8_full_precision_mm``.
 
-How: attached to MODEL, CLIP and VAE patchers as an injection. When the patcher's load device fails a real
-``torch._int_mm`` probe (kernels/int8_full_precision_mm.py; cached per device, so MPS on torch >= 2.15 keeps native int8),
-every int8-GEMM Linear of that model that the core does not dequantize itself gets an instance ``forward`` that
-computes with the weight dequantized once and cached until ComfyUI moves or patches it, and is marked for
-``linear_input_act``. Each call checks the input's device again, so where int8 compute exists the layer's own fused
-kernel runs. ``linear_input_act`` is a free function that model code looks up in ``comfy.ops`` on every call, not an
-attribute of anything a patcher owns, so no object patch, injection or sampling wrapper (those do not reach CLIP) can
-redirect it per model: the fix installs, once and only when a model needs it, a wrapper of
-``comfy.ops.linear_input_act`` that diverts the layers marked here and passes every other call to the original
-unchanged. Ejecting the model (unload, partial unload, detach) removes the marks, the instance forwards and the cached
-weights.
+How (docs/int8_full_precision_mm.md has it step by step): an injection on MODEL, CLIP and VAE patchers; where the
+load device fails a real ``torch._int_mm`` probe, each int8 layer the core would hand to it computes with its weight
+dequantized (cached), and a once-installed wrapper of the free function ``comfy.ops.linear_input_act`` (no per-model
+hook reaches it) diverts those layers and passes every other call through unchanged. Eject removes it all.
 """
 
 from __future__ import annotations
 
 import inspect
 import weakref
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..kernels.int8_full_precision_mm import (MARK, DequantizedInt8Linear, diverting_linear_input_act, has_int8_gemm_weight,
-                                     int8_compute_available, matches, outcome, tiny_int8_linear)
+from ..kernels.int8_full_precision_mm import (MARK, MODEL_KINDS, DequantizedInt8Linear, diverting_linear_input_act,
+                                              has_int8_gemm_weight, int8_compute_available, matches, outcome, probe_paths)
 from ..registry.comfy import comfy_module
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log, model_injection, set_injection
 
@@ -58,43 +46,6 @@ _honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionar
 FIX_ID = "int8_full_precision_mm"
 # linear_input_act's parameters as they grew (0.33.0 has the first three); the fallback takes them in this order.
 LINEAR_INPUT_ACT_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
-# Quant formats whose comfy-kitchen kernels need int8 compute: cores with #16130 disable them per load device.
-INT8_COMPUTE_FORMATS = frozenset({"int8_tensorwise", "asym_w4a8_int8", "convrot_w4a4"})
-
-
-@dataclass(frozen=True)
-class ModelKind:
-    """One way ComfyUI builds int8 layers: ``options(model_management)`` are the ``mixed_precision_ops`` options its
-    loader passes for a load device without int8 compute; ``built_by`` says where and how, for the status reason."""
-
-    name: str
-    target: Target
-    built_by: str
-    options: object
-
-
-def _diffusion_model_options(model_management) -> dict:
-    """``pick_operations`` on cores with #16130 disables the int8 formats where ``supports_int8_compute`` says no (the
-    query decides by device type: MPS is the device it answers no for on every such core), which marks the layers
-    ``_full_precision_mm``; older cores disable no int8 format."""
-    query = getattr(model_management, "supports_int8_compute", None)
-    lacking = query is not None and not query(torch.device("mps"))
-    return {"disabled": sorted(INT8_COMPUTE_FORMATS) if lacking else []}
-
-
-# Every loader of ComfyUI that builds int8 layers (docs/int8_full_precision_mm.md has the table, with the loaders that cannot).
-MODEL_KINDS = (
-    ModelKind("diffusion model", Target.MODEL, "comfy.ops.pick_operations(..., model_config=<quantized>) in model_base",
-              _diffusion_model_options),
-    ModelKind("text encoder", Target.CLIP, "comfy/sd1_clip.py: mixed_precision_ops(quant_config, dtype, "
-              "full_precision_mm=True)", lambda model_management: {"full_precision_mm": True}),
-    ModelKind("Music 3 text encoder", Target.CLIP, "comfy/text_encoders/minimax_music.py: mixed_precision_ops(quant_config, "
-              "dtype), no full_precision_mm", lambda model_management: {}),
-    ModelKind("MiniMax H3 video VAE", Target.VAE, "comfy/sd.py: mixed_precision_ops(quant_config, dtype), no "
-              "full_precision_mm, no disabled formats", lambda model_management: {}),
-)
-
-
 def memory_guard(model_management, fix_id: str):
     """Cache a dequantized weight only while ComfyUI's own inference reserve stays free on its device: int8 is
     often chosen because memory is tight, and a full cache of a large DiT would not fit next to it."""
@@ -151,7 +102,7 @@ class Int8FullPrecisionMM(Fix):
         reaching = {}
         with torch.no_grad():
             for kind in MODEL_KINDS:
-                (forward, fused), reference, _ = self.probe_layer(ops, torch.device("cpu"),
+                (forward, fused), reference, _ = probe_paths(ops, torch.device("cpu"),
                                                              **kind.options(model_management))
                 outcomes = {"Linear.forward": outcome(forward, Exception), "linear_input_act": outcome(fused, Exception)}
                 reaching[kind.name] = [path for path, out in outcomes.items()
@@ -196,7 +147,7 @@ class Int8FullPrecisionMM(Fix):
         known = _honours_full_precision_mm.get(ops)
         if known is None:
             with torch.no_grad():
-                paths, reference, _ = self.probe_layer(ops, torch.device("cpu"), full_precision_mm=True)
+                paths, reference, _ = probe_paths(ops, torch.device("cpu"), full_precision_mm=True)
                 known = all(isinstance(out, torch.Tensor) and matches(out, reference)
                             for out in (outcome(path, Exception) for path in paths))
             _honours_full_precision_mm[ops] = known
@@ -245,14 +196,5 @@ class Int8FullPrecisionMM(Fix):
         if ours is not None and ops.linear_input_act is ours:
             ops.linear_input_act = ours.__wrapped__
 
-    def probe_layer(self, ops, device, **options):
-        """An int8 layer of the running core on ``device``, built with ``mixed_precision_ops(..., **options)``: its two
-        call paths (forward, linear_input_act with swiglu), their fp32 reference with the dequantized weight, and the
-        layer itself."""
-        layer = tiny_int8_linear(ops, 64, 16, device=device, **options)
-        gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(device)
-        activated = ops.INPUT_ACT_EAGER["swiglu"](gated)
-        paths = (lambda: layer(activated), lambda: ops.linear_input_act(layer, gated, "swiglu"))
-        return paths, F.linear(activated, layer.weight.dequantize()), layer
 
 FIX = Int8FullPrecisionMM()

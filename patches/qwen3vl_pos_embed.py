@@ -31,21 +31,11 @@ import re
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, grid_shapes, interpolated_position_table, track_compute_device
-from ..registry.comfy import comfy_module
+from ..kernels.qwen3vl_pos_embed import compute_device, grid_shapes, hook_comfy_towers, interpolated_position_table
+from ..registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
-
-TINY_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=2, num_position_embeddings=64,
-                   temporal_patch_size=2, in_channels=3, intermediate_size=48, depth=1, out_hidden_size=40)
-TINY_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
-
-
-def comfy_tower_class():
-    module = comfy_module("comfy.text_encoders.qwen35")
-    return getattr(module, "Qwen35VisionModel", None)
-
 
 def _casts_weight(embedding) -> bool:
     """Whether this ComfyUI Embedding op brings its weight to its input's device (the stock ops and GGUF's do)."""
@@ -69,30 +59,11 @@ def _table_on_compute_device(tower, stock):
 
 def install_on_towers(model: torch.nn.Module) -> list:
     """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
-    tower_class = comfy_tower_class()
-    handles = []
+    tower_class = qwen3vl_tower_class()
     if tower_class is None:
-        return handles
-    for module in model.modules():
-        if isinstance(module, tower_class):
-            handles += track_compute_device(module, "x", refine_from=module.patch_embed)
-            handles.append(AttributeOverride(module, "fast_pos_embed_interpolate",
-                                             _table_on_compute_device(module, module.fast_pos_embed_interpolate)))
-    return handles
-
-
-def tiny_tower(dtype=torch.float32, ops=None):
-    """A random tiny ComfyUI Qwen3-VL vision tower on CPU (detect, self-test), with ``ops`` or else the stock
-    ``manual_cast``; the same weights whatever the ops."""
-    import comfy.ops
-    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
-
-    generator = torch.Generator().manual_seed(0)
-    tower = Qwen3VLVisionModel({**TINY_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype,
-                               ops=ops or comfy.ops.manual_cast)
-    for parameter in tower.parameters():
-        parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
-    return tower
+        return []
+    return hook_comfy_towers(model, tower_class, lambda tower: AttributeOverride(
+        tower, "fast_pos_embed_interpolate", _table_on_compute_device(tower, tower.fast_pos_embed_interpolate)))
 
 
 class Qwen3VLPosEmbedFix(Fix):
@@ -107,7 +78,7 @@ class Qwen3VLPosEmbedFix(Fix):
                     "device from pos_embed.weight)")
 
     def detect(self) -> Status:
-        tower_class = comfy_tower_class()
+        tower_class = qwen3vl_tower_class()
         if tower_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
@@ -119,11 +90,11 @@ class Qwen3VLPosEmbedFix(Fix):
         if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
-        tower = tiny_tower()
-        ours = interpolated_position_table(tower.pos_embed, TINY_GRID, tower.num_grid_per_side,
+        tower = tiny_qwen3vl_tower()
+        ours = interpolated_position_table(tower.pos_embed, TINY_QWEN3VL_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))
-        if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_GRID))):
+        if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_QWEN3VL_GRID))):
             return Status(State.FAILED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
         return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "

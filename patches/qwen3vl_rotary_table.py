@@ -33,11 +33,10 @@ import re
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, rotary_frequency_table, track_compute_device
+from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table
 from ..kernels.resident_copies import DropCopies, ResidentCopies
-from ..registry.comfy import comfy_module
+from ..registry.comfy import comfy_module, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
-from .qwen3vl_pos_embed import comfy_tower_class, tiny_tower
 
 _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
 
@@ -63,16 +62,12 @@ def _table_on_compute_device(tower, rotary, copies: ResidentCopies):
 
 def install_on_towers(model: torch.nn.Module) -> list:
     """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
-    tower_class = comfy_tower_class()
+    tower_class = qwen3vl_tower_class()
     if tower_class is None:
         return []
     copies = ResidentCopies()
-    handles = []
-    for module in model.modules():
-        if isinstance(module, tower_class):
-            handles += track_compute_device(module, "x", refine_from=module.patch_embed)
-            handles.append(AttributeOverride(module.rotary_pos_emb, "forward",
-                                             _table_on_compute_device(module, module.rotary_pos_emb, copies)))
+    handles = hook_comfy_towers(model, tower_class, lambda tower: AttributeOverride(
+        tower.rotary_pos_emb, "forward", _table_on_compute_device(tower, tower.rotary_pos_emb, copies)))
     return handles + [DropCopies(copies)] if handles else []
 
 
@@ -88,7 +83,7 @@ class Qwen3VLRotaryTableFix(Fix):
                     "from inv_freq)")
 
     def detect(self) -> Status:
-        tower_class, rotary_class = comfy_tower_class(), _rotary_class()
+        tower_class, rotary_class = qwen3vl_tower_class(), _rotary_class()
         if tower_class is None or rotary_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
@@ -101,7 +96,7 @@ class Qwen3VLRotaryTableFix(Fix):
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):
             return Status(State.FIXED_UPSTREAM, "Qwen35VisionRotaryEmbedding.forward no longer takes its device "
                                                 "from the inv_freq buffer")
-        tower = tiny_tower()
+        tower = tiny_qwen3vl_tower()
         rotary = tower.rotary_pos_emb
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
             return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "

@@ -19,17 +19,12 @@ configs return the dict too. Fixed in 5.20.2 (``pytorch_utils.move_to_device`` r
 Applies to: transformers 5.13.1 to 5.19.0 (5.20.0/5.20.1 unchecked), in any ComfyUI: ComfyUI never calls
 ``generate()`` with a static cache itself, custom nodes in the same process do.
 
-Detection ("fixed upstream"): behavioural, on first use. Importing transformers' generation code takes about 2 s, far
-over the pack's import budget, so on releases 5.13.1 to 5.20.1 (read from the package metadata) the pack installs two
-pass-through wrappers at load without importing transformers (at once if ``transformers.generation.utils`` is already imported, else when it is). The first call of either
-wrapper probes the real, unwrapped methods once on a tiny Qwen3 built on ``meta`` (mostly the time to import Qwen3;
-no weights are drawn, so a user's ``torch.manual_seed`` before that first ``generate()`` still gives the same ids):
-``prepare_inputs_for_generation`` with host-side inputs, a ``StaticCache`` and the model on a
-FakeTensor ``cuda`` device (do the nested masks reach ``cuda``?), and ``_get_static_cache_init_shape`` with a TP size
-of 2 and an MLP-only plan (are the 2 KV heads kept?). Each wrapper repairs only if its probe shows the bug (the masks
-only when the main input is off the model device, the condition 5.20.2+ moves under), and the verdict is logged
-once. Where neither bug shows (5.20.2+), the wrappers remove themselves. A probe that fails on drifted code leaves
-its half off (FAILED) and says so in the log.
+Detection ("fixed upstream"): behavioural, on first use. Importing transformers' generation code takes ~2 s, so on
+releases 5.13.1 to 5.20.1 (package metadata) two pass-through wrappers go in when that code is imported. Their first
+call probes the real methods once on a tiny Qwen3 on ``meta`` / FakeTensor ``cuda`` (no weights drawn, so seeded
+results stay as they were) and each repairs only the bug its probe shows; where neither shows they remove themselves.
+A probe that fails on drifted code leaves its half off (failed) and logs it. docs/transformers_static_cache.md has the
+details.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=transformers_static_cache`` (also honoured on every wrapped call, through
 the registry's ``FIX.link``).
@@ -37,25 +32,20 @@ the registry's ``FIX.link``).
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-import inspect
 import re
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable
 
 from ..kernels.transformers_static_cache import (INIT_SHAPE, MLP_ONLY_PLAN, PREPARE_INPUTS, PROBE_KV_HEADS,
-                                                 UnshardedView, kv_heads_per_rank, move_nested, prepare_on_fake_cuda,
-                                                 main_generation_input, shards_kv_heads)
+                                                 kv_heads_per_rank, prepare_on_fake_cuda, unwrap_generation, unwrapped,
+                                                 wrap_generation)
 from ..registry.contract import Fix, Retirement, State, Status, Target, package_version
 from ..registry.on_import import WrapOnImport
 
 FIX_ID = "transformers_static_cache"
 GENERATION_MODULE = "transformers.generation.utils"
-# Set on each wrapper; holds the function it wraps.
-WRAPPED = "_minimax_hotfix_wrapped"
 
 
 @dataclass(frozen=True)
@@ -93,11 +83,6 @@ FIRST_AFFECTED, FIRST_FIXED = (5, 13, 1), (5, 20, 2)
 def _release(version: str) -> tuple[int, ...] | None:
     numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
     return tuple(int(n or 0) for n in numbers.groups()) if numbers else None
-
-
-def unwrapped(mixin, name: str):
-    function = mixin.__dict__.get(name)
-    return getattr(function, WRAPPED, function)
 
 
 def _probe_masks(mixin) -> Status:
@@ -163,63 +148,8 @@ def _repairing(half: str) -> bool:
     return getattr(found, half).state is State.APPLIED
 
 
-def prepare_inputs_wrapper(original, repairing: Callable[[str], bool]):
-    """``prepare_inputs_for_generation`` that also moves the nested inputs to the model device while
-    ``repairing("masks")``."""
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def prepare_inputs_for_generation(self, *args, **kwargs):
-        model_inputs = original(self, *args, **kwargs)
-        if not repairing("masks"):
-            return model_inputs
-        device = self.device
-        main_input = main_generation_input(signature.bind_partial(self, *args, **kwargs).arguments, model_inputs)
-        # Upstream's condition (5.20.2+): inputs are moved only when the main one is off the model device; a caller
-        # may keep them elsewhere on purpose (Neuron/TPU), and transformers never moves inputs to a meta model.
-        if device.type == "meta" or main_input is None or main_input.device == device:
-            return model_inputs
-        for key, value in model_inputs.items():
-            if isinstance(value, (dict, list, tuple)):
-                model_inputs[key] = move_nested(value, device)
-        return model_inputs
-
-    return prepare_inputs_for_generation
-
-
-def init_shape_wrapper(original, repairing: Callable[[str], bool]):
-    """``_get_static_cache_init_shape`` that divides the KV heads only for a sharded key projection while
-    ``repairing("tp_heads")``."""
-    @functools.wraps(original)
-    def _get_static_cache_init_shape(self, *args, **kwargs):
-        if ((getattr(self, "_tp_size", None) or 1) > 1 and not shards_kv_heads(getattr(self, "tp_plan", None))
-                and repairing("tp_heads")):
-            return original(UnshardedView(self), *args, **kwargs)
-        return original(self, *args, **kwargs)
-
-    return _get_static_cache_init_shape
-
-
-WRAPPERS = {PREPARE_INPUTS: prepare_inputs_wrapper, INIT_SHAPE: init_shape_wrapper}
-
-
-def _wrap_generation(module) -> None:
-    mixin = module.GenerationMixin
-    for name, make_wrapper in WRAPPERS.items():
-        current = mixin.__dict__.get(name)
-        if current is None or hasattr(current, WRAPPED):
-            continue
-        wrapper = make_wrapper(current, _repairing)
-        setattr(wrapper, WRAPPED, current)
-        setattr(mixin, name, wrapper)
-
-
-def _unwrap_generation(module) -> None:
-    mixin = module.GenerationMixin
-    for name in WRAPPERS:
-        current = mixin.__dict__.get(name)
-        if hasattr(current, WRAPPED):
-            setattr(mixin, name, getattr(current, WRAPPED))
+def _wrap(generation_module) -> None:
+    wrap_generation(generation_module.GenerationMixin, _repairing)
 
 
 class TransformersStaticCacheFix(Fix):
@@ -257,9 +187,9 @@ class TransformersStaticCacheFix(Fix):
                 return
             module = sys.modules.get(GENERATION_MODULE)
             if module is not None:
-                _wrap_generation(module)
+                _wrap(module)
             elif _import_hook is None:
-                _import_hook = WrapOnImport(GENERATION_MODULE, _wrap_generation)
+                _import_hook = WrapOnImport(GENERATION_MODULE, _wrap)
                 sys.meta_path.insert(0, _import_hook)
 
     def uninstall(self) -> None:
@@ -271,7 +201,7 @@ class TransformersStaticCacheFix(Fix):
                 _import_hook = None
             module = sys.modules.get(GENERATION_MODULE)
             if module is not None:
-                _unwrap_generation(module)
+                unwrap_generation(module.GenerationMixin)
 
 
 FIX = TransformersStaticCacheFix()

@@ -1,6 +1,10 @@
 """Fix registry: finds every fix module in ``patches/``, decides once per process whether each is needed,
 and attaches the needed ones to a model's patcher.
 
+ComfyUI's start-up imports only the process-wide fix modules (``patches.PROCESS_WIDE``) and installs them; every
+other fix module is imported when a model it may attach to is first loaded, or when the status node or the doctor
+asks. A fix module's name is its fix's id, so the off switch and the public API know every id without importing.
+
 Guarantees (each has a test in tests/test_registry.py, unless another file is named):
 * attaching twice equals attaching once (fixes attach under a per-fix key that replaces, never stacks);
 * detaching restores the original objects;
@@ -30,28 +34,40 @@ from .contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
 DISABLE_ENV = "MINIMAX_HOTFIX_DISABLE"
 
 _lock = threading.RLock()
-_fixes: dict[str, Fix] | None = None
+_fixes: dict[str, Fix] | None = None  # every fix, once all_fixes() has imported them all
+_loaded: dict[str, Fix] = {}  # the fixes imported so far, by module name (= fix id)
 _detected: dict[str, Status] = {}
 _broken_modules: dict[str, str] = {}
 _reported_unknown_ids: set[str] = set()
 
 
+def fix_module_names() -> list[str]:
+    """The fix modules in ``patches/``, found without importing them (a module's name is its fix's id)."""
+    return sorted(info.name for info in pkgutil.iter_modules(patches.__path__))
+
+
+def _load(name: str) -> Fix | None:
+    """The ``FIX`` of module ``name``, imported once; a module that fails to import is logged once and gives None."""
+    with _lock:
+        if name not in _loaded and name not in _broken_modules:
+            try:
+                fix = importlib.import_module(f"{patches.__name__}.{name}").FIX
+            except Exception as exc:  # a broken fix must never break ComfyUI start-up
+                _broken_modules[name] = f"{type(exc).__name__}: {exc}"
+                log.warning("MiniMax Hotfix: fix module %s failed to import and is left off: %s", name, exc)
+                return None
+            fix.link = _link(fix)
+            _loaded[name] = fix
+        return _loaded.get(name)
+
+
 def all_fixes() -> dict[str, Fix]:
-    """Every fix module's ``FIX``, by id, imported once. A module that fails to import is logged and skipped."""
+    """Every fix module's ``FIX``, by id. ComfyUI's start-up imports only ``patches.PROCESS_WIDE``; the first model
+    load (or the status node, the doctor) imports the rest, here."""
     global _fixes
     with _lock:
         if _fixes is None:
-            found: dict[str, Fix] = {}
-            for info in sorted(pkgutil.iter_modules(patches.__path__), key=lambda m: m.name):
-                try:
-                    fix = importlib.import_module(f"{patches.__name__}.{info.name}").FIX
-                except Exception as exc:  # a broken fix must never break ComfyUI start-up
-                    _broken_modules[info.name] = f"{type(exc).__name__}: {exc}"
-                    log.warning("MiniMax Hotfix: fix module %s failed to import and is left off: %s", info.name, exc)
-                    continue
-                fix.link = _link(fix)
-                found[fix.id] = fix
-            _fixes = found
+            _fixes = {fix.id: fix for fix in map(_load, fix_module_names()) if fix is not None}
         return _fixes
 
 
@@ -60,12 +76,14 @@ def _link(fix: Fix) -> RegistryLink:
 
 
 def fix_named(fix_id: str) -> Fix | None:
-    """The fix ``fix_id``, or None where its module failed to import."""
-    return all_fixes().get(fix_id)
+    """The fix ``fix_id`` (importing its module alone), or None where its module failed to import or does not exist."""
+    if _fixes is not None:
+        return _fixes.get(fix_id)
+    return _load(fix_id) if fix_id in fix_module_names() else None
 
 
 def broken_modules() -> dict[str, str]:
-    all_fixes()
+    """The fix modules that failed to import so far, with the error (``all_fixes()`` tries every module)."""
     return dict(_broken_modules)
 
 
@@ -76,7 +94,7 @@ def key_for(fix: Fix) -> str:
 def disabled_ids() -> set[str]:
     """The ids named by the off switch, lower-cased; an unknown one is logged once with the known ids."""
     named = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
-    known = {fix_id.lower() for fix_id in all_fixes()} | set(broken_modules())
+    known = {fix_id.lower() for fix_id in (fix_module_names() if _fixes is None else _fixes)}
     unknown = sorted(named - known - {"all"} - _reported_unknown_ids)
     if unknown:
         _reported_unknown_ids.update(unknown)
@@ -123,7 +141,11 @@ def forget_detection() -> None:
 
 
 def fixes_for(target: Target) -> list[Fix]:
-    return [fix for fix in all_fixes().values() if target in fix.targets]
+    if target == Target.PROCESS and _fixes is None:  # ComfyUI's start-up: only the process-wide modules load
+        candidates = [fix for fix in map(_load, patches.PROCESS_WIDE) if fix is not None]
+    else:
+        candidates = all_fixes().values()
+    return [fix for fix in candidates if target in fix.targets]
 
 
 def attach_fixes(patcher, target: Target) -> list[str]:
@@ -167,6 +189,6 @@ def uninstall_process_fixes() -> None:
 
 
 __all__ = [
-    "DISABLE_ENV", "all_fixes", "attach_fixes", "broken_modules", "detach_fixes", "disabled_ids", "fix_named",
-    "fixes_for", "install_process_fixes", "key_for", "status", "switched_off", "uninstall_process_fixes",
+    "DISABLE_ENV", "all_fixes", "attach_fixes", "broken_modules", "detach_fixes", "disabled_ids", "fix_module_names",
+    "fix_named", "fixes_for", "install_process_fixes", "key_for", "status", "switched_off", "uninstall_process_fixes",
 ]

@@ -55,3 +55,29 @@ def is_music3_text_encoder(model) -> bool:
     """Whether ``model`` is ComfyUI's MiniMax Music 3 text encoder (its AR model); False where ComfyUI lacks it."""
     ar = comfy_module("comfy.ldm.minimax_music.ar")
     return ar is not None and isinstance(model, ar.MiniMaxMusic3AR)
+
+
+def qwen3vl_tower_class():
+    """ComfyUI's Qwen3.5/Qwen3-VL vision tower class (``Qwen35VisionModel``), or None where this core lacks it."""
+    return getattr(comfy_module("comfy.text_encoders.qwen35"), "Qwen35VisionModel", None)
+
+
+TINY_QWEN3VL_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=2, num_position_embeddings=64,
+                          temporal_patch_size=2, in_channels=3, intermediate_size=48, depth=1, out_hidden_size=40)
+TINY_QWEN3VL_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
+
+
+def tiny_qwen3vl_tower(dtype=None, ops=None):
+    """A random tiny ComfyUI Qwen3-VL vision tower on CPU (the Qwen3-VL fixes' detection, self-tests), with ``ops`` or
+    else the stock ``manual_cast``; the same weights whatever the ops."""
+    import comfy.ops
+    import torch
+    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
+
+    dtype = dtype or torch.float32
+    generator = torch.Generator().manual_seed(0)
+    tower = Qwen3VLVisionModel({**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype,
+                               ops=ops or comfy.ops.manual_cast)
+    for parameter in tower.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
+    return tower

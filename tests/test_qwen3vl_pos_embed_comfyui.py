@@ -14,10 +14,11 @@ from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
+from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from minimax_hotfix.registry.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test
 
-GRID = fix.TINY_GRID
+GRID = TINY_QWEN3VL_GRID
 pixels = tower_kit.tiny_pixels
 
 
@@ -32,7 +33,7 @@ def offloaded_tower(ops_name="manual_cast"):
     """Every weight on meta (the compute device stand-in) except pos_embed's, which stays in CPU RAM."""
     import comfy.ops
 
-    tower = fix.tiny_tower(ops=getattr(comfy.ops, ops_name))
+    tower = tiny_qwen3vl_tower(ops=getattr(comfy.ops, ops_name))
     weight = torch.nn.Parameter(tower.pos_embed.weight.detach().clone(), requires_grad=False)
     tower.to("meta")
     tower.pos_embed.weight = weight
@@ -79,7 +80,7 @@ def test_dynamic_vram_cast_clones_the_whole_table_per_call():
                 TableCopies.count += 1
             return func(*args, **(kwargs or {}))
 
-    tower = fix.tiny_tower()
+    tower = tiny_qwen3vl_tower()
     tower.pos_embed._v = object()  # what ModelPatcherDynamic.load gives every cast module above 16 KB
     with TableCopies():
         for _ in range(3):
@@ -89,7 +90,7 @@ def test_dynamic_vram_cast_clones_the_whole_table_per_call():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
-    tower = fix.tiny_tower(dtype)
+    tower = tiny_qwen3vl_tower(dtype)
     grid = ((1, 4, 6), (2, 2, 2), (3, 10, 14), (1, 64, 38))
     stock = tower.fast_pos_embed_interpolate(torch.tensor(grid))
     ours = interpolated_position_table(tower.pos_embed, list(grid), tower.num_grid_per_side,
@@ -98,7 +99,7 @@ def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
 
 
 def test_all_on_one_device_outputs_bit_identical():
-    tower = fix.tiny_tower()
+    tower = tiny_qwen3vl_tower()
     reference = tower_kit.outputs(tower(pixels(), torch.tensor(GRID)))
     fix.install_on_towers(tower)
     assert all(map(torch.equal, tower_kit.outputs(tower(pixels(), torch.tensor(GRID))), reference))
@@ -142,7 +143,7 @@ def test_off_switch(monkeypatch):
 def test_two_threads_no_cross_talk(layout):
     """Jobs on two threads at once, activations on different devices. With the tower shared, stock ops cast every
     weight to each call's input device, so one tower computes on cpu and on meta at the same time."""
-    on_cpu = fix.tiny_tower()
+    on_cpu = tiny_qwen3vl_tower()
     on_meta = offloaded_tower() if layout == "two towers" else on_cpu
     reference = tower_kit.outputs(on_cpu(pixels(), torch.tensor(GRID)))
     fix.install_on_towers(on_cpu)

@@ -17,8 +17,9 @@ from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import outputs, tin
 from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on, rotary_frequency_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as position_fix
 from minimax_hotfix.patches import qwen3vl_rotary_table as fix
+from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
-GRID = position_fix.TINY_GRID
+GRID = TINY_QWEN3VL_GRID
 META = torch.device("meta")
 
 
@@ -35,7 +36,7 @@ def loaded_through_comfyui(budget_bytes: int):
     import comfy.model_patcher
 
     holder = torch.nn.Module()
-    holder.visual = fix.tiny_tower()
+    holder.visual = tiny_qwen3vl_tower()
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=META, offload_device=torch.device("cpu"))
     patcher.load(META, lowvram_model_memory=budget_bytes, full_load=budget_bytes == 0)
     return patcher, holder.visual
@@ -93,7 +94,7 @@ def test_full_load_moves_the_buffer_and_the_fix_keeps_the_stock_path():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_all_on_one_device_outputs_bit_identical(dtype):
-    tower = fix.tiny_tower(dtype)
+    tower = tiny_qwen3vl_tower(dtype)
     pixels = tiny_pixels().to(dtype)
     reference = outputs(tower(pixels, torch.tensor(GRID)))
     fix.install_on_towers(tower)
@@ -101,7 +102,7 @@ def test_all_on_one_device_outputs_bit_identical(dtype):
 
 
 def test_kernel_equals_comfyui_rotary_module_bit_for_bit():
-    rotary = fix.tiny_tower().rotary_pos_emb
+    rotary = tiny_qwen3vl_tower().rotary_pos_emb
     for seqlen in (1, 7, 64, 1000):
         assert torch.equal(rotary_frequency_table(rotary.inv_freq, seqlen), rotary(seqlen))
 
@@ -115,7 +116,7 @@ def test_survives_clone_and_reinjection():
     import comfy.model_patcher
 
     holder = torch.nn.Module()
-    holder.visual = fix.tiny_tower()
+    holder.visual = tiny_qwen3vl_tower()
     rotary_kit.partially_loaded(holder.visual, META)
     position_fix.install_on_towers(holder.visual)
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=META, offload_device=torch.device("cpu"))
@@ -133,7 +134,7 @@ def test_survives_clone_and_reinjection():
 def test_one_tower_two_devices_on_two_threads():
     """One tower with CPU weights computing on cpu and on meta at once: a device kept on the module instead of the
     call's own frame would build one thread's table on the other's device (and fail copying meta to cpu)."""
-    tower = fix.tiny_tower()
+    tower = tiny_qwen3vl_tower()
     reference = outputs(tower(tiny_pixels(), torch.tensor(GRID)))
     fix.install_on_towers(tower)
 

@@ -277,14 +277,14 @@ def comfy_models():
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
-    from minimax_hotfix.patches import qwen3vl_pos_embed
+    from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
     music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)  # noqa
     return {
-        "qwen3vl_pos_embed": (qwen3vl_pos_embed.tiny_tower(),
+        "qwen3vl_pos_embed": (tiny_qwen3vl_tower(),
                               lambda tower: tower(tiny_pixels(),
-                                                  torch.tensor(qwen3vl_pos_embed.TINY_GRID))),
+                                                  torch.tensor(TINY_QWEN3VL_GRID))),
         "int8_full_precision_mm": (nn.Sequential(int8_layer), lambda model: model(torch.ones(2, 64))),
         "music3_graph_buffers": (music3(), lambda model: None),
         "music3_graph_capture": (music3(), lambda model: None),

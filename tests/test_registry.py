@@ -198,6 +198,7 @@ def test_a_fix_module_that_fails_to_import_is_skipped(monkeypatch, tmp_path, cap
     monkeypatch.setattr(patches, "__path__", [str(tmp_path)])
     monkeypatch.setattr(pack_registry, "_fixes", None)
     monkeypatch.setattr(pack_registry, "_broken_modules", {})
+    monkeypatch.setattr(pack_registry, "_loaded", {})
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
         assert list(pack_registry.all_fixes()) == ["good_fix"]
     assert "needs a newer ComfyUI" in pack_registry.broken_modules()["broken_fix"]
@@ -269,3 +270,13 @@ def test_a_provisional_status_is_asked_again_until_final(registry, caplog):
         "MiniMax Hotfix: test_provisional: applied (guard installed)",
         "MiniMax Hotfix: test_provisional: fixed upstream (probed on first use)",
     ]
+
+
+def test_each_fix_module_is_named_by_its_fix_id_and_the_start_up_list_names_the_process_wide_ones():
+    """The registry finds ids and the process-wide fixes without importing fix modules, so both must agree with the
+    modules. Red control: a fix whose module name and id differ would be unknown to the off switch until imported."""
+    fixes = pack_registry.all_fixes()
+    assert sorted(fixes) == pack_registry.fix_module_names()
+    assert all(type(fix).__module__ == f"{patches.__name__}.{fix.id}" for fix in fixes.values())
+    process_wide = sorted(fix.id for fix in fixes.values() if "process" in fix.targets)
+    assert process_wide == sorted(patches.PROCESS_WIDE)

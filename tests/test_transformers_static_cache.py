@@ -114,6 +114,19 @@ def all_tensors(inputs):
         yield from nested_tensors(value)
 
 
+def counting_moves(monkeypatch) -> list:
+    """The inputs the shim moves: top-level containers only (``move_nested`` also calls itself for their items)."""
+    calls = []
+
+    def counted(value, device):
+        if not isinstance(value, torch.Tensor):
+            calls.append(value)
+        return move_nested(value, device)
+
+    monkeypatch.setattr(static_cache_kernels, "move_nested", counted)
+    return calls
+
+
 def generate_on_fake_cuda(model):
     """``generate()`` with host-side inputs and the model on FakeTensor cuda; returns (output ids, the devices of
     every tensor that reached ``forward``)."""
@@ -196,6 +209,7 @@ def test_install_is_lazy_and_reversible():
         "import sys, torch\n"
         f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
         "from minimax_hotfix.patches import transformers_static_cache as shim\n"
+        "from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels\n"
         "from minimax_hotfix.registry.contract import State\n"
         "from minimax_hotfix import registry as pack_registry\n"
         "assert shim.FIX in pack_registry.fixes_for('process')\n"
@@ -204,15 +218,15 @@ def test_install_is_lazy_and_reversible():
         "shim.FIX.install(); shim.FIX.install()\n"
         "assert not any(m == 'transformers' or m.startswith('transformers.') for m in sys.modules), 'imported'\n"
         "from transformers.generation.utils import GenerationMixin as G\n"
-        "wrapped = G.__dict__[shim.PREPARE_INPUTS]\n"
-        "assert getattr(wrapped, shim.WRAPPED).__qualname__ == 'GenerationMixin.prepare_inputs_for_generation'\n"
-        "assert hasattr(G.__dict__[shim.INIT_SHAPE], shim.WRAPPED)\n"
+        "wrapped = G.__dict__[static_cache_kernels.PREPARE_INPUTS]\n"
+        "assert getattr(wrapped, static_cache_kernels.WRAPPED).__qualname__ == 'GenerationMixin.prepare_inputs_for_generation'\n"
+        "assert hasattr(G.__dict__[static_cache_kernels.INIT_SHAPE], static_cache_kernels.WRAPPED)\n"
         "assert shim._verdict is None, 'probed before first use'\n"
         "shim.FIX.uninstall()\n"
-        "assert not hasattr(G.__dict__[shim.PREPARE_INPUTS], shim.WRAPPED) and shim._import_hook is None\n"
-        "assert G.__dict__[shim.PREPARE_INPUTS] is getattr(wrapped, shim.WRAPPED)\n"
-        "shim.FIX.install(); assert hasattr(G.__dict__[shim.PREPARE_INPUTS], shim.WRAPPED), 'already imported'\n"
-        "shim.FIX.uninstall(); assert not hasattr(G.__dict__[shim.INIT_SHAPE], shim.WRAPPED)\n"
+        "assert not hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED) and shim._import_hook is None\n"
+        "assert G.__dict__[static_cache_kernels.PREPARE_INPUTS] is getattr(wrapped, static_cache_kernels.WRAPPED)\n"
+        "shim.FIX.install(); assert hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED), 'already imported'\n"
+        "shim.FIX.uninstall(); assert not hasattr(G.__dict__[static_cache_kernels.INIT_SHAPE], static_cache_kernels.WRAPPED)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=300)
 
@@ -242,7 +256,8 @@ def test_latest_probe_finds_both_bugs_fixed_upstream():
 
 def wrapped_methods():
     mixin = transformers.GenerationMixin
-    return {name for name in shim.WRAPPERS if hasattr(mixin.__dict__[name], shim.WRAPPED)}
+    return {name for name in static_cache_kernels.WRAPPERS
+            if hasattr(mixin.__dict__[name], static_cache_kernels.WRAPPED)}
 
 
 @latest_only
@@ -250,10 +265,9 @@ def wrapped_methods():
 def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, monkeypatch):
     """First use on a fixed transformers: the guard probes, touches nothing, and removes itself."""
     monkeypatch.setattr(shim, "_verdict", None)
-    calls = []
-    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    calls = counting_moves(monkeypatch)
     shim.FIX.install()
-    assert wrapped_methods() == set(shim.WRAPPERS)
+    assert wrapped_methods() == set(static_cache_kernels.WRAPPERS)
     try:
         out, reached = generate_on_fake_cuda(TINY_MODELS[name]())
         assert out.shape == (2, 9) and reached == {"cuda:0"}
@@ -272,7 +286,7 @@ def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
     shim.FIX.install()
     try:
         model = tp_model(plan)
-        original = shim.unwrapped(transformers.GenerationMixin, shim.INIT_SHAPE)
+        original = static_cache_kernels.unwrapped(transformers.GenerationMixin, static_cache_kernels.INIT_SHAPE)
         assert model._get_static_cache_init_shape() == original(model) == (heads, 8)
     finally:
         shim.FIX.uninstall()
@@ -286,7 +300,7 @@ def test_latest_sharding_rule_matches_upstream():
              {"model.layers.*.self_attn.query_key_value": "colwise"}, {"model.layers.*.self_attn.q_proj": "colwise"},
              {"model.layers.*.self_attn.k_proj": "packed_colwise"}, {"model.layers.*.mlp.experts": "grouped_gemm"}]
     for plan in plans:
-        assert shim.shards_kv_heads(plan) == (get_kv_heads_per_rank(plan, 4, 2) == 2), plan
+        assert static_cache_kernels.shards_kv_heads(plan) == (get_kv_heads_per_rank(plan, 4, 2) == 2), plan
 
 
 @latest_only
@@ -347,8 +361,7 @@ def test_affected_cpu_token_ids_equal_the_on_device_run(name, installed, monkeyp
     shim.FIX.uninstall()
     reference = TINY_MODELS[name]().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
     shim.FIX.install()
-    calls = []
-    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    calls = counting_moves(monkeypatch)
     model = reported_on(TINY_MODELS[name](), torch.device("cpu", 0))
     out = model.generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
     assert torch.equal(out, reference), (out, reference)
@@ -359,8 +372,7 @@ def test_affected_cpu_token_ids_equal_the_on_device_run(name, installed, monkeyp
 def test_affected_inputs_already_on_the_model_device_are_left_alone(installed, monkeypatch):
     """Upstream's condition (5.20.2+): nothing is moved when the main input is on the model device already. Red
     control: with the main input off the device (the model reports ``cpu:0``) the same masks are moved."""
-    calls = []
-    monkeypatch.setattr(shim, "move_nested", lambda *args: calls.append(args) or move_nested(*args))
+    calls = counting_moves(monkeypatch)
     tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)
     assert calls == [], "the shim moved inputs that were on the model device already"
     reported_on(tiny_qwen3(), torch.device("cpu", 0)).generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)

@@ -13,8 +13,8 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ...kernels.int8_full_precision_mm import (MARK, DequantizedLinear, dequantizer, forget_int8_probes, int8_compute_available,
-                                      matches, outcome)
+from ...kernels.int8_full_precision_mm import (MARK, DequantizedLinear, dequantizer, forget_int8_probes,
+                                               int8_compute_available, matches, outcome, probe_paths)
 from ...patches.int8_full_precision_mm import FIX
 from ...registry.comfy import comfy_module
 from ...registry.contract import AttributeOverride, Check, State, remove_handles
@@ -41,7 +41,7 @@ def self_test():
 def core_probe(ops, device, **options):
     """The fix's probe layer of the running core, with a context manager under which it is diverted as the fix
     diverts an injected model's layers."""
-    paths, reference, layer = FIX.probe_layer(ops, device, **options)
+    paths, reference, layer = probe_paths(ops, device, **options)
     return paths, reference, functools.partial(divert, layer)
 
 

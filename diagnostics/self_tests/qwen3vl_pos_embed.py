@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from ...patches.qwen3vl_pos_embed import TINY_GRID, TINY_TOWER, comfy_tower_class, install_on_towers, tiny_tower
+from ...patches.qwen3vl_pos_embed import install_on_towers
+from ...registry.comfy import TINY_QWEN3VL_GRID, TINY_QWEN3VL_TOWER, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
 
 
 def tiny_pixels(seed: int = 1) -> torch.Tensor:
-    """Random patch rows for ``TINY_GRID`` (one row per patch: channels x temporal patch x patch²)."""
-    row = TINY_TOWER["in_channels"] * TINY_TOWER["temporal_patch_size"] * TINY_TOWER["patch_size"] ** 2
-    return torch.randn(sum(t * h * w for t, h, w in TINY_GRID), row, generator=torch.Generator().manual_seed(seed))
+    """Random patch rows for ``TINY_QWEN3VL_GRID`` (one row per patch: channels x temporal patch x patch²)."""
+    row = TINY_QWEN3VL_TOWER["in_channels"] * TINY_QWEN3VL_TOWER["temporal_patch_size"] * TINY_QWEN3VL_TOWER["patch_size"] ** 2
+    return torch.randn(sum(t * h * w for t, h, w in TINY_QWEN3VL_GRID), row, generator=torch.Generator().manual_seed(seed))
 
 
 def outputs(output) -> list[torch.Tensor]:
@@ -45,12 +46,12 @@ def all_on_cpu_check(tower, pixels, grid, install_on_towers) -> Check:
 
 
 def self_test():
-    if comfy_tower_class() is None:
+    if qwen3vl_tower_class() is None:
         return ()
     device = real_accelerator() or torch.device("meta")
     checks = []
-    tower = tiny_tower()
-    grid = torch.tensor(TINY_GRID)
+    tower = tiny_qwen3vl_tower()
+    grid = torch.tensor(TINY_QWEN3VL_GRID)
     pixels = tiny_pixels()
     all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
 

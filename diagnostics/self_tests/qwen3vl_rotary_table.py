@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from ...patches.qwen3vl_pos_embed import TINY_GRID, comfy_tower_class, tiny_tower
 from ...patches.qwen3vl_pos_embed import install_on_towers as install_position_table_fix
 from ...patches.qwen3vl_rotary_table import install_on_towers
+from ...registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
 from .qwen3vl_pos_embed import all_on_cpu_check, outputs, outputs_match, tiny_pixels
@@ -44,12 +44,12 @@ def tables_built_on(tower) -> list[str]:
 
 
 def self_test():
-    if comfy_tower_class() is None:
+    if qwen3vl_tower_class() is None:
         return ()
     device = real_accelerator() or torch.device("meta")
-    grid = torch.tensor(TINY_GRID)
+    grid = torch.tensor(TINY_QWEN3VL_GRID)
     pixels = tiny_pixels()
-    tower = tiny_tower()
+    tower = tiny_qwen3vl_tower()
     all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
 
     left_behind = partially_loaded(tower, device)

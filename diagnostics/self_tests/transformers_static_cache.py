@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib.util
 
 from ...kernels.transformers_static_cache import (INIT_SHAPE, KV_SHARDED_PLAN, MLP_ONLY_PLAN, PREPARE_INPUTS,
-                                                  kv_heads_per_rank, prepare_on_fake_cuda)
-from ...patches.transformers_static_cache import init_shape_wrapper, prepare_inputs_wrapper, unwrapped, verdict
+                                                  init_shape_wrapper, kv_heads_per_rank, prepare_inputs_wrapper,
+                                                  prepare_on_fake_cuda, unwrapped)
+from ...patches.transformers_static_cache import verdict
 from ...registry.contract import Check, State
 
 

@@ -1,0 +1,113 @@
+"""The pack as ComfyUI's start-up loads it (``load_custom_node``, in a process of its own; needs COMFYUI_PATH):
+it imports only the registry, the nodes and the process-wide fixes with their kernels; and a fix file that raises at
+import leaves ComfyUI starting with every node of the pack, and the public ``attach_to_transformers_model`` a logged
+no-op. The broken cases run on a copy of the pack with the fix file broken in the copy."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "nodes", "registry", "patches", "kernels", "diagnostics")
+# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and their kernels.
+STARTUP_MODULES = ["__init__.py", "api.py", "kernels/__init__.py", "kernels/ck_rope_device.py",
+                   "kernels/transformers_static_cache.py", "nodes/__init__.py", "nodes/swap_route.py",
+                   "patches/__init__.py", "patches/ck_rope_device.py", "patches/transformers_static_cache.py",
+                   "registry/__init__.py", "registry/contract.py", "registry/on_import.py"]
+# (transformers_qwen3vl_pos_embed loads with the first public call, which LOAD makes before the table is asked for.)
+PER_MODEL_FIXES = ["int8_full_precision_mm", "music3_graph_buffers", "music3_graph_capture", "qwen3vl_pos_embed",
+                   "qwen3vl_rotary_table", "vae_qk_norm_scale"]
+NODE_IDS = ["MiniMaxHotfixApplyCLIP", "MiniMaxHotfixApplyModel", "MiniMaxHotfixApplyVAE", "MiniMaxHotfixCLIPLoader",
+            "MiniMaxHotfixStatus", "MiniMaxHotfixUNETLoader", "MiniMaxHotfixVAELoader"]
+
+LOAD = """
+import asyncio, logging, os, sys
+sys.path.insert(0, os.environ["COMFYUI_PATH"]); os.chdir(os.environ["COMFYUI_PATH"])
+from comfy.cli_args import args
+args.cpu = True
+import nodes, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+stock = set(nodes.NODE_CLASS_MAPPINGS)
+before = set(sys.modules)
+assert asyncio.run(nodes.load_custom_node(sys.argv[1], ignore=stock)), "ComfyUI failed to load the pack"
+print("NODES", sorted(set(nodes.NODE_CLASS_MAPPINGS) - stock))
+pack = os.path.realpath(sys.argv[1])
+print("STARTUP", sorted({os.path.relpath(m.__file__, pack) for name, m in list(sys.modules.items())
+                        if name not in before and getattr(m, "__file__", None)
+                        and os.path.realpath(m.__file__).startswith(pack + os.sep)}))
+import minimax_hotfix
+print("ATTACHED", minimax_hotfix.attach_to_transformers_model(torch.nn.Linear(2, 2)))
+"""
+
+
+def load_in_comfyui(pack: Path, after: str = "") -> subprocess.CompletedProcess:
+    """``LOAD``, then ``after``, printing the pack modules ``after`` imported as ``LATER [...]``."""
+    code = LOAD + (f"loaded = set(sys.modules)\n{after}\n"
+                   "print('LATER', sorted(os.path.relpath(m.__file__, pack) for n, m in list(sys.modules.items()) "
+                   "if n not in loaded and getattr(m, '__file__', None) and "
+                   "os.path.realpath(m.__file__).startswith(pack + os.sep)))\n" if after else "")
+    return subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True, text=True, timeout=600)
+
+
+def printed(done: subprocess.CompletedProcess, label: str) -> list:
+    return ast.literal_eval(next(line for line in done.stdout.splitlines() if line.startswith(f"{label} "))[len(label):])
+
+
+def copy_of_the_pack(dest: Path) -> Path:
+    pack = dest / "minimax-hotfix"
+    pack.mkdir()
+    for name in PACK_FOLDERS:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, pack / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, pack / name)
+    return pack
+
+
+def test_a_fix_file_raising_at_import_leaves_the_pack_loading_and_the_public_attach_a_logged_no_op(comfyui,
+                                                                                                   tmp_path):
+    pack = copy_of_the_pack(tmp_path)
+    fix_file = pack / "patches" / "transformers_qwen3vl_pos_embed.py"
+    fix_file.write_text(fix_file.read_text() + "\nraise RuntimeError('broken on purpose')\n")
+    done = load_in_comfyui(pack)
+    assert done.returncode == 0, done.stderr
+    assert f"NODES {NODE_IDS}" in done.stdout
+    assert "ATTACHED []" in done.stdout
+    log = done.stdout + done.stderr
+    assert "fix module transformers_qwen3vl_pos_embed failed to import and is left off: broken on purpose" in log
+    assert "transformers_qwen3vl_pos_embed not attached: its module failed to import (RuntimeError: broken on " \
+           "purpose)" in log
+
+
+@pytest.mark.parametrize("fix_id", ["ck_rope_device", "transformers_static_cache"])
+def test_a_process_wide_fix_file_raising_at_start_up_leaves_the_pack_loading(comfyui, tmp_path, fix_id):
+    """The process-wide fixes are the fix files ComfyUI's start-up imports; one of them broken is left off alone."""
+    pack = copy_of_the_pack(tmp_path)
+    fix_file = pack / "patches" / f"{fix_id}.py"
+    fix_file.write_text(fix_file.read_text() + "\nraise RuntimeError('broken on purpose')\n")
+    done = load_in_comfyui(pack)
+    assert done.returncode == 0, done.stderr
+    assert f"NODES {NODE_IDS}" in done.stdout
+    assert f"fix module {fix_id} failed to import and is left off: broken on purpose" in done.stdout + done.stderr
+
+
+def test_start_up_imports_only_what_runs_inside_comfyui(comfyui):
+    """No self-test, diagnostics, report or per-model fix module at start-up: per-model fixes load with the first
+    model they may attach to. Red control: the same process imports them all once a fix table is asked for."""
+    done = load_in_comfyui(ROOT, after="from minimax_hotfix.registry.status_table import status_table; status_table()")
+    assert done.returncode == 0, done.stderr
+    assert printed(done, "STARTUP") == STARTUP_MODULES
+    assert {f"patches/{fix_id}.py" for fix_id in PER_MODEL_FIXES} <= set(printed(done, "LATER"))
+
+
+def test_the_same_copy_unbroken_loads_its_fix_file(comfyui, tmp_path):
+    """The control: unbroken, the copy loads the same way and its fix file imports (the model has no tower: [])."""
+    done = load_in_comfyui(copy_of_the_pack(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert f"NODES {NODE_IDS}" in done.stdout and "ATTACHED []" in done.stdout
+    assert "failed to import" not in done.stdout + done.stderr
