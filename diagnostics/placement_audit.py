@@ -51,6 +51,10 @@ ACCEPTED = {
         "32 bytes per decoder call (8 float32 values, stock `.to(img_ids.device)` in RotaryEmbeddingND); no crash, "
         "and smaller than one kernel launch's arguments. Cores with qk_norm_scale (0.36+) get a resident copy from "
         "vae_qk_norm_scale; on 0.33-0.35 no fix is attached for it",
+    ("H3 video VAE decoder", "decoder.transformer_blocks.*.attn.qk_norm_scale", "host-to-device"):
+        "9,216 bytes per decoder call (36 copies of 64 float32 values) on cores with upstream's call-site fix "
+        "(`qk_norm_scale.to(query.device)`), where vae_qk_norm_scale reads 'fixed upstream' and attaches nothing; "
+        "explicit copies, no crash, per VAE decode call (not per sampling step)",
     **{("H3 video VAE encoder", constant, "host-to-device"):
         "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
         "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
