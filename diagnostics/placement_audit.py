@@ -11,7 +11,10 @@ A dispatch mode watches every op of that call and records, per model and budget:
 * ``host-to-device``: such a result copied to the compute device (bytes over the bus per call).
 
 ComfyUI's own casts of offloaded weights (what lowvram means) are counted apart, not listed. Views are followed but
-not counted. Each load is called twice and the second call is reported (per-call cost, not one-off copies such as a
+not counted. Where a model reads a value on the host (``float(sigma)``, ``.tolist()``, a boolean mask's positions), the
+recorder answers from a real CPU shadow of that tensor, kept for small tensors computed only from the call's inputs
+and constants (never from weights), so the control flow is the real one; a value that depends on weights stays
+unknown and the model is listed as not audited. Each load is called twice and the second call is reported (per-call cost, not one-off copies such as a
 fix's resident copy made on the first call). Each model runs twice:
 pack off (stock) and pack on (the pack's fixes attached to the patcher as its loaders do). Models or load modes the
 audit cannot run are listed as "not audited" with the reason.
@@ -38,12 +41,20 @@ OFFLOAD = torch.device("cpu")
 BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}
 WHERE_SHOWN = 4  # places per table line (the JSON has them all)
 COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
+SHADOW_MAX_ELEMENTS = 1 << 16  # real shadows are kept for control tensors (timesteps, position ids, masks), not activations
+UNINITIALISED = ("aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+                 "aten.new_empty.default", "aten.new_empty_strided.default")
+INDEX_OPS = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default", "aten._index_put_impl_.default")
 # Findings the pack leaves on purpose: (model, tensor name pattern (fnmatch), kind) -> the measured cost and the reason.
 ACCEPTED = {
     ("H3 video VAE decoder", "decoder.pos_embed.inv_freq", "host-to-device"):
         "32 bytes per decoder call (8 float32 values, stock `.to(img_ids.device)` in RotaryEmbeddingND); no crash, "
         "and smaller than one kernel launch's arguments. Cores with qk_norm_scale (0.36+) get a resident copy from "
         "vae_qk_norm_scale; on 0.33-0.35 no fix is attached for it",
+    ("H3 video VAE decoder", "decoder.transformer_blocks.*.attn.qk_norm_scale", "host-to-device"):
+        "9,216 bytes per decoder call (36 copies of 64 float32 values) on cores with upstream's call-site fix "
+        "(`qk_norm_scale.to(query.device)`), where vae_qk_norm_scale reads 'fixed upstream' and attaches nothing; "
+        "explicit copies, no crash, per VAE decode call (not per sampling step)",
     **{("H3 video VAE encoder", constant, "host-to-device"):
         "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
         "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
@@ -62,6 +73,10 @@ ACCEPTED = {
         "each) on the host and casts the result; a partial load leaves them in CPU RAM (their module has children, so "
         "ModelPatcher does not list it as loadable); explicit copy, no crash, once per VAE encode"
        for kind in ("host build", "host-to-device")},
+    ("H3 DiT", "diffusion_model.rope.inv_freq", "host-to-device"):
+        "64 bytes per step (16 float32 values, stock `cast_to(self.rope.inv_freq, device)` in rope_freqs): a buffer of "
+        "a weight-less module a partial load leaves in CPU RAM; explicit copy, no crash, smaller than one kernel "
+        "launch's arguments",
     ("Music 3 DiT", "*_norm.beta", "host-to-device"):
         "4,096 bytes per offloaded LayerNorm per step (72 / 21 / 0 / 63 norms at budgets none / 25% / 50% / 75%, at "
         "most 295 kB per step): the "
@@ -119,6 +134,7 @@ class PlacementRecorder(TorchDispatchMode):
         self.findings: dict[tuple, Finding] = {}
         self.weight_casts = self.weight_cast_bytes = 0
         self.module_stack: list[str] = []
+        self.shadows: dict[int, tuple[torch.Tensor, torch.Tensor, object]] = {}  # fake -> (fake, real value, storage)
 
     @contextlib.contextmanager
     def watching_modules(self, model: torch.nn.Module):
@@ -152,8 +168,104 @@ class PlacementRecorder(TorchDispatchMode):
         entry = self.derived.get(id(tensor))
         return entry[1] if entry is not None and entry[0] is tensor else None
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def _real(self, value):
+        """The real value of a tensor: itself when it is real, its shadow when it is fake (None: unknown)."""
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(value, FakeTensor):
+            return value
+        entry = self.shadows.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
+
+    def _remember(self, fake_out, real_out):
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        for fake, real in zip(tree_leaves(fake_out), tree_leaves(real_out)):
+            if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor):
+                self.shadows[id(fake)] = (fake, real, StorageWeakRef(fake.untyped_storage()))
+
+    def _forget(self, tensor):
+        """``tensor`` was written with values the recorder does not know: every shadow of its storage is stale."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storage = StorageWeakRef(tensor.untyped_storage())
+        for key in [key for key, (_, _, other) in self.shadows.items() if other == storage]:
+            del self.shadows[key]
+
+    def _real_call(self, func, args, kwargs):
+        """``func`` on the real values of its operands, on the CPU; None when an operand's value is unknown or large."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        operands = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if str(func) in UNINITIALISED or any(t.numel() > SHADOW_MAX_ELEMENTS for t in operands):
+            return None
+        real = [self._real(t) for t in operands]
+        if any(r is None for r in real):
+            return None
+        values = iter(real)
+        real_args, real_kwargs = tree_map(lambda v: next(values) if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        if "device" in real_kwargs:
+            real_kwargs["device"] = OFFLOAD
+        with unset_fake_temporarily():
+            return func(*real_args, **real_kwargs)
+
+    def _mask_positions(self, func, args):
+        """A boolean mask whose values are known, as the index tensors of its positions (the shape a fake mask
+        cannot give)."""
         from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        if str(func) not in INDEX_OPS:
+            return args
+        indices = []
+        for index in args[1]:
+            real = self._real(index) if isinstance(index, FakeTensor) and index.dtype == torch.bool else None
+            if real is None:
+                indices.append(index)
+                continue
+            with unset_fake_temporarily():
+                positions = real.nonzero(as_tuple=True)
+            for position in positions:
+                moved = FakeTensor(self.fake_mode, position.to("meta"), index.device)
+                self._remember(moved, position)
+                indices.append(moved)
+        return (args[0], indices, *args[2:])
+
+    def _call(self, func, args, kwargs, fake):
+        from torch._subclasses.fake_tensor import DynamicOutputShapeException, FakeTensor, unset_fake_temporarily
+
+        if not fake:
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        if str(func) == "aten._local_scalar_dense.default":  # float(t), t.item(), t.tolist()
+            real = self._real(args[0])
+            if real is not None:
+                with unset_fake_temporarily():
+                    return real.item()
+        args = self._mask_positions(func, args)
+        try:
+            out = func(*args, **kwargs)
+        except DynamicOutputShapeException:  # unique, nonzero, ...: their output shape is known from the real values
+            real_out = self._real_call(func, args, kwargs)
+            if real_out is None:
+                raise
+            device = next(t.device for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+            out = tree_map(lambda r: FakeTensor(self.fake_mode, r.to("meta"), device)
+                           if isinstance(r, torch.Tensor) else r, real_out)
+            self._remember(out, real_out)
+            return out
+        real_out = self._real_call(func, args, kwargs)
+        if real_out is not None:
+            self._remember(out, real_out)
+        else:
+            for index, argument in enumerate(func._schema.arguments):
+                value = args[index] if index < len(args) else kwargs.get(argument.name)
+                if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, FakeTensor):
+                    self._forget(value)
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor
 
         kwargs = kwargs or {}
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -174,8 +286,7 @@ class PlacementRecorder(TorchDispatchMode):
                 return value
 
             args, kwargs = tree_map(to_compute, (args, kwargs))
-        with contextlib.nullcontext() if fake else unset_fake_temporarily():
-            out = func(*args, **kwargs)
+        out = self._call(func, args, kwargs, fake)
         if is_copy:
             source = args[1] if str(func) == COPY_OPS[1] else args[0]
             destination = args[0] if str(func) == COPY_OPS[1] else out
@@ -231,6 +342,99 @@ def _h3_vision_tower() -> AuditedModel:
         holder.visual(torch.empty(64, 3 * 2 * 16 * 16, device=COMPUTE), grid)
 
     return AuditedModel("H3 text encoder: Qwen3-VL vision tower", "clip", build, call)
+
+
+def _h3_language_model() -> AuditedModel:
+    name = "H3 text encoder: language model"
+    try:
+        from comfy.text_encoders.minimax import VISION_END, VISION_START, MiniMaxH3TEModel
+    except ImportError as exc:
+        return AuditedModel(name, "clip", None, None, f"not in this core ({exc})")
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def build():  # the CLIP model the H3 checkpoint loads: the 50-layer Qwen3-VL language model and its vision tower
+        return MiniMaxH3TEModel(dtype=torch.bfloat16)
+
+    def call(text_encoder, fake_mode):
+        """What ``SDClipModel.forward`` does for "<Picture 1>: <128x128 image> a prompt": text embeddings from the
+        model's own table, the tower's 16 merged tokens spliced in (the tower is audited on its own row), then one
+        forward with the image's MRoPE position ids and DeepStack features."""
+        clip = text_encoder.qwen3vl_32b
+        with unset_fake_temporarily():
+            grid = torch.tensor([[1, 8, 8]])  # as the tower's preprocessing returns it: on the CPU
+        tokens = torch.tensor([[27, 20, 16, VISION_START, VISION_END, 64, 9934, 315]], device=COMPUTE)
+        text = clip.transformer.get_input_embeddings()(tokens, out_dtype=torch.float32)
+        vision = torch.empty(1, 16, text.shape[-1], device=COMPUTE)
+        embeds = torch.cat([text[:, :4], vision, text[:, 4:]], dim=1)
+        image = {"type": "image", "index": 4, "size": 16,
+                 "extra": {"grid": grid, "deepstack": [torch.empty(16, text.shape[-1], device=COMPUTE)] * 3}}
+        clip.transformer(None, None, embeds=embeds, num_tokens=[embeds.shape[1]], intermediate_output=None,
+                         final_layer_norm_intermediate=False, dtype=torch.float32, embeds_info=[image])
+
+    return AuditedModel(name, "clip", build, call)
+
+
+def _music3_text_encoder() -> AuditedModel:
+    name = "Music 3 text encoder (AR)"
+    try:
+        from comfy.ldm.minimax_music.ar import CFG_SCALE, CFG_TOP_K
+        from comfy.text_encoders.minimax_music import MiniMaxMusic3TEModel
+    except ImportError as exc:
+        return AuditedModel(name, "clip", None, None, f"not in this core ({exc})")
+
+    def build():  # bf16 (the class forces it), the pruned tables of the official file, picked by its own load_sd
+        text_encoder = MiniMaxMusic3TEModel()
+        text_encoder.load_sd({f"model.{table}.weight": getattr(text_encoder.model, table).weight
+                              for table in ("embed_tokens_prefill", "lm_head_pruned")})
+        return text_encoder
+
+    def call(ar, fake_mode):
+        """One frame of ``MiniMaxMusic3AR.generate``, call for call: the prefill of 6 prompt tokens (conditioned and
+        unconditioned rows), the first code's sampling, the depth decoder's codes, and one single-token decode step.
+        The loop itself (stop test on the sampled code, CUDA graphs) reads sampled values and is not run."""
+        dtype = torch.bfloat16
+        prompt = torch.tensor([[200000 - 10, 11, 12, 13, 14, 15]], device=COMPUTE)
+        embeds = ar.model.embed_tokens_prefill(torch.cat((prompt, prompt)), out_dtype=dtype)
+        past = ar.model.init_kv_cache(2, prompt.shape[1] + 2, COMPUTE, dtype)
+        hidden, _, past = ar.model(None, embeds=embeds, past_key_values=past, dtype=dtype)
+        last_hidden = hidden[:, -1]
+        c0, _, _ = ar._sample_c0(last_hidden, CFG_SCALE, CFG_TOP_K, None, None)
+        c0 = c0.repeat(2)
+        codes, _ = ar._depth_codes(last_hidden, c0, ar._embed_c0(c0, dtype), None, dtype, CFG_SCALE, CFG_TOP_K)
+        ar.model(None, embeds=ar._embed_audio_frame(codes, dtype), past_key_values=past, dtype=dtype)
+
+    return AuditedModel(name, "clip", build, call)
+
+
+def _h3_dit() -> AuditedModel:
+    name = "H3 DiT"
+    try:
+        from comfy.supported_models import MiniMaxH3
+    except ImportError as exc:
+        return AuditedModel(name, "model", None, None, f"not in this core ({exc})")
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def build():  # as comfy.sd builds it for an H3 checkpoint (its detected configuration is the class defaults), bf16
+        config = MiniMaxH3({"image_model": "minimax_h3"})
+        config.set_inference_dtype(torch.bfloat16, None)
+        return config.get_model({})
+
+    def call(model, fake_mode):
+        """The sampler's calls: ``extra_conds`` once per run (token refiner, packed layout), then one step through
+        ``BaseModel.apply_model`` with the packed latent: one 2x2 video latent frame, two stereo audio frames, 8 text
+        tokens. The step reads the sigma (``float``) and the text tags (``.tolist()``) on the host."""
+        shapes = [torch.Size((1, 24, 1, 2, 2)), torch.Size((1, 32, 2, 2))]
+        with unset_fake_temporarily():
+            tags = torch.ones(8, dtype=torch.long)  # as the H3 text encoder returns them: on the CPU
+        model.latent_shapes = shapes  # as the sampler sets it
+        conds = model.extra_conds(cross_attn=torch.empty(1, 8, 5120, device=COMPUTE), latent_shapes=shapes,
+                                  device=COMPUTE, minimax_token_tags=tags)
+        model.apply_model(torch.empty(1, 1, 24 * 4 + 32 * 4, device=COMPUTE), torch.full((1,), 0.5, device=COMPUTE),
+                          **{key: cond.cond for key, cond in conds.items()})
+
+    return AuditedModel(name, "model", build, call)
 
 
 def _h3_video_vae(part: str, call) -> AuditedModel:
@@ -314,19 +518,9 @@ def _music3_dav() -> AuditedModel:
         "as loadable modules, on the offload device"))
 
 
-NOT_AUDITED = {
-    "H3 DiT": "MiniMaxH3Model._forward turns the step's sigma into Python floats (`float(1.0 - sigma_v)`) and reads the "
-              "layout's tags with `.tolist()`: values of compute-device tensors, which a FakeTensor cannot give; needs "
-              "a real device",
-    "H3 text encoder: language model": "not wired up yet (the 50-layer Llama2_ call with embeds and MRoPE position ids)",
-    "Music 3 text encoder (AR)": "its generate() loop samples tokens from data and captures CUDA graphs; one Llama2_ "
-                                 "decoder forward is not wired up yet",
-}
-
-
 def models() -> list[AuditedModel]:
-    return [_h3_vision_tower(), _h3_video_vae_decoder(), _h3_video_vae_encoder(), _h3_audio_vae(),
-            _music3_dit(), _music3_dav()]
+    return [_h3_dit(), _h3_vision_tower(), _h3_language_model(), _h3_video_vae_decoder(), _h3_video_vae_encoder(),
+            _h3_audio_vae(), _music3_text_encoder(), _music3_dit(), _music3_dav()]
 
 
 # -- runs -------------------------------------------------------------------------------------------------------
@@ -438,7 +632,6 @@ def audit(budgets=None, budgets_by_model=None) -> list[Row]:
         for budget in (budgets_by_model or {}).get(spec.name, budgets or BUDGETS):
             for pack_on in (False, True):
                 rows.append(run_one(spec, budget, pack_on))
-    rows += [Row(name, "-", "-", not_audited=why) for name, why in NOT_AUDITED.items()]
     rows.append(Row("all models: dynamic VRAM", "-", "-", not_audited="needs comfy-aimdo's vbar on a real CUDA device "
                                                                       "(ModelPatcherDynamic moves every buffer)"))
     return rows

@@ -44,6 +44,7 @@ QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
 INT8_VAE_TESTS = "tests/test_int8_vae.py"
 ROTARY_TESTS = "tests/test_qwen3vl_rotary_table_comfyui.py"
 AUDIT_TESTS = "tests/test_placement_audit.py"
+AUDIT_MUST_PASS = ["test_pack_off_finds_the_known_members", "test_pack_on_leaves_no_cross_device_op_and_no_host_work"]
 
 # the test files of the fixes each core concerns, and the tests among them that must pass there (not skip)
 CORE_TESTS = {
@@ -52,30 +53,31 @@ CORE_TESTS = {
         "test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it",
         "test_fully_resident_decode_is_bitwise_unchanged",
         "test_install_hooks_the_decoder_of_the_real_vae",
-        "test_pack_off_finds_the_known_members",
-        "test_pack_on_leaves_no_cross_device_op_and_no_host_work"]),
-    "fixed VAE": ([VAE_TESTS], [
+        *AUDIT_MUST_PASS]),
+    "fixed VAE": ([VAE_TESTS, AUDIT_TESTS], [
         "test_detection_on_the_running_comfyui",
-        "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it"]),
-    "post-#15861 Music 3": ([MUSIC3_TESTS], [
+        "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it",
+        *AUDIT_MUST_PASS]),
+    "post-#15861 Music 3": ([MUSIC3_TESTS, AUDIT_TESTS], [
         "test_detection_follows_the_code_of_this_checkout",
         "test_noise_without_the_pack_where_the_core_has_the_bug",
         "test_with_the_pack_graphs_on_equal_graphs_off",
         "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
         "test_gguf_q4_0_unit_red_without_the_pack",
-        "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs"]),
-    "fixed int8": ([INT8_VAE_TESTS], [
+        "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+        *AUDIT_MUST_PASS]),
+    "fixed int8": ([INT8_VAE_TESTS, AUDIT_TESTS], [
         "test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
         "test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
-        "test_status_per_model_kind_follows_the_running_core"]),
+        "test_status_per_model_kind_follows_the_running_core",
+        *AUDIT_MUST_PASS]),
     "0.38 Qwen3-VL": ([QWEN3VL_TESTS, ROTARY_TESTS, AUDIT_TESTS], [
         "test_detect_applies_on_this_comfyui",
         "test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device",
         "test_attaches_through_the_model_patcher_and_survives_clone",
         "test_kernel_equals_comfyui_method_bit_for_bit[dtype0]",
         "test_partial_load_through_the_model_patcher[green: with the fix]",
-        "test_pack_off_finds_the_known_members",
-        "test_pack_on_leaves_no_cross_device_op_and_no_host_work"]),
+        *AUDIT_MUST_PASS]),
 }
 
 # (core, fix id, its green test, what the failure shows with the fix switched off)
