@@ -191,16 +191,20 @@ def _load_with_comfyui(found: Identified, on_device: bool):
     import comfy.sd
     import comfy.utils
 
-    if on_device:
-        state, metadata = comfy.utils.load_torch_file(found.header.path, return_metadata=True)
-    else:
-        state, metadata = found.header.fake_state_dict(), found.header.metadata
-    if found.loader == "diffusion model":
-        return comfy.sd.load_diffusion_model_state_dict(state, metadata=metadata).model
-    if found.loader == "text encoder":
-        clip = comfy.sd.load_text_encoder_state_dicts([state], clip_type=comfy.sd.CLIPType.MINIMAX)
-        return clip.cond_stage_model
-    return comfy.sd.VAE(sd=state, metadata=metadata).first_stage_model
+    try:
+        if on_device:
+            state, metadata = comfy.utils.load_torch_file(found.header.path, return_metadata=True)
+        else:
+            state, metadata = found.header.fake_state_dict(), found.header.metadata
+        if found.loader == "diffusion model":
+            return comfy.sd.load_diffusion_model_state_dict(state, metadata=metadata).model
+        if found.loader == "text encoder":
+            clip = comfy.sd.load_text_encoder_state_dicts([state], clip_type=comfy.sd.CLIPType.MINIMAX)
+            return clip.cond_stage_model
+        return comfy.sd.VAE(sd=state, metadata=metadata).first_stage_model
+    except Exception as exc:  # a variant this ComfyUI does not build: what ComfyUI's own loader node would raise
+        raise ModelFileError(f"{found.header.path}: ComfyUI's {found.loader} loader cannot build it "
+                             f"({type(exc).__name__}: {exc})") from exc
 
 
 def _part(module, path):
