@@ -458,18 +458,18 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool, on_device: bool = Fa
     return row
 
 
-def audit(budgets=None, budgets_by_model=None, models=None, on_device=False) -> list[Row]:
-    """Every model (``models``: default every built-in configuration, plus those not audited) at every budget
+def audit(budgets=None, budgets_by_model=None, audited=None, on_device=False) -> list[Row]:
+    """Every model (``audited``: default every built-in configuration, plus those not audited) at every budget
     (``BUDGETS`` and dynamic VRAM by default; ``budgets_by_model`` names others for some models), pack off and on."""
     rows = []
-    for spec in models() if models is None else models:
+    for spec in models() if audited is None else audited:
         if spec.build is None:
             rows.append(Row(spec.name, "-", "-", not_audited=spec.unavailable))
             continue
         for budget in (budgets_by_model or {}).get(spec.name, budgets or (*BUDGETS, DYNAMIC)):
             for pack_on in (False, True):
                 rows.append(run_one(spec, budget, pack_on, on_device))
-    if models is None:
+    if audited is None:
         rows += [Row(name, "-", "-", not_audited=why) for name, why in NOT_AUDITED.items()]
     return rows
 

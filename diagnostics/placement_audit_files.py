@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -45,9 +46,10 @@ TEXT_ENCODERS = {
                           "H3 text encoder: language model": None},
     "MiniMaxMusic3TEModel": {"Music 3 text encoder (AR)": None},
 }
-# the keys comfy.sd's loaders branch on for MiniMax text encoders and VAEs (comfy.sd.load_text_encoder_state_dicts,
-# comfy.sd.VAE); diffusion models are detected by comfy.model_detection itself
-TEXT_ENCODER_KEYS = {"model.audio_decoder.projection.weight", "visual.deepstack_merger_list.0.norm.weight"}
+# the keys comfy.sd's loaders branch on where ComfyUI has no detection function to call: the Music 3 text encoder
+# (comfy.sd.load_text_encoder_state_dicts) and the VAEs (comfy.sd.VAE); diffusion models and the H3 text encoder are
+# detected by comfy.model_detection and comfy.sd.detect_te_model themselves
+MUSIC3_TEXT_ENCODER_KEY = "model.audio_decoder.projection.weight"
 VAE_KEYS = ({"decoder.transformer_blocks.0.scale1", "encoder.down.5.block.0.conv1.weight"},
             {"pre_block.attn.zero_k_bias"}, {"dec_in_proj.weight", "decoder.model.0.weight_g"})
 
@@ -78,19 +80,12 @@ class Header:
 
         state = {}
         for key, shape in self.shapes.items():
-            if _numel(shape) <= SMALL or (self.dtypes[key] == torch.uint8 and len(shape) == 1):
+            if math.prod(shape) <= SMALL or (self.dtypes[key] == torch.uint8 and len(shape) == 1):
                 with unset_fake_temporarily():
                     state[key] = self.read_small(key)
             else:
                 state[key] = torch.empty(shape, dtype=self.dtypes[key])
         return state
-
-
-def _numel(shape) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _read_safetensors(path: str) -> Header:
@@ -135,10 +130,9 @@ def _read_gguf(path: str) -> Header:
 
 def read_header(path: str) -> Header:
     """The file's tensor names, shapes and dtypes; ``ModelFileError`` for a missing or unreadable file."""
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: no such file")
     if not os.path.isfile(path):
-        raise ModelFileError(f"{path}: not a file")
+        raise ModelFileError(f"{path}: no such file" + (" (a folder: name the model files in it)"
+                                                        if os.path.isdir(path) else ""))
     try:
         with open(path, "rb") as file:
             magic = file.read(4)
@@ -174,8 +168,8 @@ def identify(header: Header) -> Identified:
     built = type(config).__name__ if config is not None else None
     if built in DIFFUSION_MODELS:
         return Identified(header, "diffusion model", built, DIFFUSION_MODELS[built])
-    if keys & TEXT_ENCODER_KEYS:
-        built = "MiniMaxMusic3TEModel" if "model.audio_decoder.projection.weight" in keys else "MiniMaxH3TEModel_"
+    if MUSIC3_TEXT_ENCODER_KEY in keys or _detect_text_encoder(meta) == "QWEN3VL_32B":
+        built = "MiniMaxMusic3TEModel" if MUSIC3_TEXT_ENCODER_KEY in keys else "MiniMaxH3TEModel_"
         return Identified(header, "text encoder", built, TEXT_ENCODERS[built])
     for marker, built in zip(VAE_KEYS, VAE_MODELS):
         if marker <= keys:
@@ -184,6 +178,16 @@ def identify(header: Header) -> Identified:
     raise ModelFileError(f"{header.path}: not a MiniMax model ComfyUI can build ({len(keys)} tensors: {sample}"
                          f"{', ...' if len(keys) > 3 else ''}); the audit takes MiniMax H3 and Music 3 diffusion model, "
                          "text encoder and VAE files")
+
+
+def _detect_text_encoder(meta: dict) -> str | None:
+    import comfy.sd
+
+    try:
+        found = comfy.sd.detect_te_model(meta)
+    except Exception:  # another family's detection read what a shape-only tensor lacks
+        return None
+    return getattr(found, "name", None)
 
 
 def _load_with_comfyui(found: Identified, on_device: bool):
@@ -249,7 +253,7 @@ def audit_files(paths: list[str], budgets=None) -> list[placement_audit.Row]:
     for each in found:
         on_device = torch.cuda.is_available() and each.header.format == "safetensors"
         audited, not_audited = file_models(each, on_device)
-        for row in placement_audit.audit(budgets, models=audited, on_device=on_device) + not_audited:
+        for row in placement_audit.audit(budgets, audited=audited, on_device=on_device) + not_audited:
             row.model = f"{row.model} ({os.path.basename(each.header.path)}, "
             row.model += f"{'cuda:0' if on_device else 'FakeTensor cuda:0'})"
             rows.append(row)
