@@ -159,10 +159,10 @@ def identify(header: Header) -> Identified:
 
     keys = set(header.shapes)
     meta = header.meta_state_dict()
-    prefix = comfy.model_detection.unet_prefix_from_state_dict(meta)
+    prefix = comfy.model_detection.unet_prefix_from_state_dict(meta)  # a checkpoint's, or a guess: kept if it fits
+    unet = {k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)} or meta
     try:
-        config = comfy.model_detection.model_config_from_unet(
-            {k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)}, "")
+        config = comfy.model_detection.model_config_from_unet(unet, "")
     except Exception:  # detection of another family read something a shape-only tensor lacks: not MiniMax
         config = None
     built = type(config).__name__ if config is not None else None
