@@ -2,7 +2,8 @@
 
 For each model the running ComfyUI can build, the real class is built at its real configuration with FakeTensor
 weights (shapes only: nothing full-size is allocated), loaded through ComfyUI's real ``ModelPatcher.load`` as the
-legacy partial loader does at several VRAM budgets, and run once with small inputs, compute on FakeTensor ``cuda:0``.
+legacy partial loader does at several VRAM budgets and through ``ModelPatcherDynamic`` (``placement_audit_dynamic``),
+and run once with small inputs, compute on FakeTensor ``cuda:0``.
 A dispatch mode watches every op of that call and records, per model and budget:
 
 * ``cross-device``: an op given tensors on two devices (a crash on a GPU); the audit moves the stray operand and
