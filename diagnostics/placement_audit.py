@@ -2,7 +2,8 @@
 
 For each model the running ComfyUI can build, the real class is built at its real configuration with FakeTensor
 weights (shapes only: nothing full-size is allocated), loaded through ComfyUI's real ``ModelPatcher.load`` as the
-legacy partial loader does at several VRAM budgets, and run once with small inputs, compute on FakeTensor ``cuda:0``.
+legacy partial loader does at several VRAM budgets and through ``ModelPatcherDynamic`` (``placement_audit_dynamic``),
+and run once with small inputs, compute on FakeTensor ``cuda:0``.
 A dispatch mode watches every op of that call and records, per model and budget:
 
 * ``cross-device``: an op given tensors on two devices (a crash on a GPU); the audit moves the stray operand and
@@ -38,7 +39,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 COMPUTE = torch.device("cuda", 0)
 OFFLOAD = torch.device("cpu")
-BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}
+BUDGETS = {"none": 0.0, "25%": 0.25, "50%": 0.5, "75%": 0.75, "full": 1.0}  # of the model's size, legacy loader
+DYNAMIC = "dynamic"  # ModelPatcherDynamic (placement_audit_dynamic)
 WHERE_SHOWN = 4  # places per table line (the JSON has them all)
 COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
 SHADOW_MAX_ELEMENTS = 1 << 16  # real shadows are kept for control tensors (timesteps, position ids, masks), not activations
@@ -296,7 +298,8 @@ class PlacementRecorder(TorchDispatchMode):
                     self.weight_cast_bytes += _nbytes(source)
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))
-            return out
+                return out
+            # a copy on the host (dynamic VRAM's cast of a weight for a CPU input) is host work like any other op
         if origins:
             results = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
             for result in results:
@@ -567,36 +570,65 @@ def _move_by_assignment(module, *args, **kwargs):
     return module
 
 
+def _set_fake_data(tensor, new):
+    """``param.data = moved`` (ModelPatcherDynamic's move of a weight beside child modules' weights): torch swaps the
+    data of a FakeTensor but leaves its device as it was, so the device is set too."""
+    torch._C.TensorBase.data.__set__(tensor, new)
+    tensor.fake_device = new.device
+
+
 @contextlib.contextmanager
 def _fake_module_moves():
+    from torch._subclasses.fake_tensor import FakeTensor
+
     stock = torch.nn.Module.to
     torch.nn.Module.to = _move_by_assignment
+    FakeTensor.data = property(torch._C.TensorBase.data.__get__, _set_fake_data)
     try:
         yield
     finally:
         torch.nn.Module.to = stock
+        del FakeTensor.data
 
 
-def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
-    """Build ``spec`` on fake weights, load it with ``budget`` of its size through ComfyUI's ModelPatcher, optionally
-    attach the pack's fixes, call it once, and return what the recorder saw."""
+def _legacy_load(model, budget: str):
     import comfy.model_patcher
+
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=COMPUTE, offload_device=OFFLOAD)
+    size = comfy.model_management.module_size(model)
+    fraction = BUDGETS[budget]
+    patcher.load(COMPUTE, lowvram_model_memory=max(1, int(size * fraction)) if fraction < 1 else 0,
+                 full_load=fraction >= 1)
+    return patcher
+
+
+def run_one(spec: AuditedModel, budget: str, pack_on: bool, on_device: bool = False) -> Row:
+    """Build ``spec``, load it with ``budget`` of its size through ComfyUI's ModelPatcher (``"dynamic"``: through
+    ModelPatcherDynamic), optionally attach the pack's fixes, call it, and return what the recorder saw. On FakeTensor
+    weights and a fake ``cuda:0``, or with ``on_device`` on the real GPU with the tensors ``spec.build`` gives."""
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
     from minimax_hotfix import registry
 
+    from . import placement_audit_dynamic as dynamic
+
     row = Row(spec.name, budget, "on" if pack_on else "off")
     for fix in registry.fixes_for(spec.target):
         registry.status(fix)  # detection runs real tiny models: once, before any fake mode is active
-    fake_mode = _fake_mode()
-    with _fake_cuda_runtime():
-        with fake_mode, _fake_module_moves():  # moving to a fake cuda:0 must not touch the CUDA runtime
+    fake_mode = None if on_device else _fake_mode()
+    tensors = fake_mode or contextlib.nullcontext()
+    with contextlib.ExitStack() as runtime:
+        if not on_device:
+            runtime.enter_context(_fake_cuda_runtime())
+        if budget == DYNAMIC and on_device:
+            runtime.enter_context(dynamic.real_aimdo())  # ComfyUI's loaders build for it
+        # moving to a fake cuda:0 must not touch the CUDA runtime
+        with tensors, contextlib.nullcontext() if on_device else _fake_module_moves():
             model = spec.build()
-            patcher = comfy.model_patcher.ModelPatcher(model, load_device=COMPUTE, offload_device=OFFLOAD)
-            size = comfy.model_management.module_size(model)
-            fraction = BUDGETS[budget]
-            patcher.load(COMPUTE, lowvram_model_memory=max(1, int(size * fraction)) if fraction < 1 else 0,
-                         full_load=fraction >= 1)
+            if budget == DYNAMIC and not on_device:  # after the build: aimdo's lazy layers wait for a state dict
+                runtime.enter_context(dynamic.stand_ins())
+            patcher = (dynamic.load(model, COMPUTE, OFFLOAD) if budget == DYNAMIC
+                       else _legacy_load(model, budget))
             if pack_on:
                 registry.attach_fixes(patcher, spec.target)
             patcher.inject_model()
@@ -604,7 +636,7 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
         recorder = PlacementRecorder(fake_mode, model)
         try:
             for each in (first, recorder):
-                with torch.no_grad(), each.watching_modules(model), fake_mode, each:
+                with torch.no_grad(), each.watching_modules(model), tensors, each:
                     spec.call(model, fake_mode)
         except DataDependentOutputException as exc:
             row.not_audited = (f"the call reads the values of a tensor on the compute device ({exc.func}, e.g. "
@@ -615,25 +647,23 @@ def run_one(spec: AuditedModel, budget: str, pack_on: bool) -> Row:
     for finding in row.findings:
         finding.accepted = next((why for (model, pattern, kind), why in ACCEPTED.items() if model == spec.name
                                  and kind == finding.kind and fnmatch.fnmatchcase(finding.tensor, pattern)), "")
-        if spec.full_load_only and BUDGETS[budget] < 1:
+        if spec.full_load_only and budget not in ("full", DYNAMIC):
             finding.accepted = f"unreachable: {spec.full_load_only}"
     row.weight_casts, row.weight_cast_bytes = recorder.weight_casts, recorder.weight_cast_bytes
     return row
 
 
-def audit(budgets=None, budgets_by_model=None) -> list[Row]:
-    """Every model at every budget (``BUDGETS`` by default; ``budgets_by_model`` names others for some models), pack
-    off and on, plus the models not audited."""
+def audit(budgets=None, budgets_by_model=None, audited=None, on_device=False) -> list[Row]:
+    """Every model (``audited``: default every built-in configuration, plus those not audited) at every budget
+    (``BUDGETS`` and dynamic VRAM by default; ``budgets_by_model`` names others for some models), pack off and on."""
     rows = []
-    for spec in models():
+    for spec in models() if audited is None else audited:
         if spec.build is None:
             rows.append(Row(spec.name, "-", "-", not_audited=spec.unavailable))
             continue
-        for budget in (budgets_by_model or {}).get(spec.name, budgets or BUDGETS):
+        for budget in (budgets_by_model or {}).get(spec.name, budgets or (*BUDGETS, DYNAMIC)):
             for pack_on in (False, True):
-                rows.append(run_one(spec, budget, pack_on))
-    rows.append(Row("all models: dynamic VRAM", "-", "-", not_audited="needs comfy-aimdo's vbar on a real CUDA device "
-                                                                      "(ModelPatcherDynamic moves every buffer)"))
+                rows.append(run_one(spec, budget, pack_on, on_device))
     return rows
 
 
@@ -656,9 +686,15 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def exit_code(rows: list[Row]) -> int:
+    """1 when the pack leaves a finding it does not accept (``ACCEPTED``), else 0."""
+    return 1 if [f for r in rows if r.pack == "on" for f in r.findings if not f.accepted] else 0
+
+
 def main(model_files: list[str], as_json: bool) -> int:
-    """``tools/doctor.py --audit [FILES...]``: print the audit of the built-in configurations; exit 1 when the pack
-    leaves a finding it does not accept (``ACCEPTED``), 2 when ComfyUI is not importable."""
+    """``tools/doctor.py --audit [FILES...]``: print the audit of the built-in configurations, or of the models in
+    ``model_files`` (``placement_audit_files``); exit 1 when the pack leaves a finding it does not accept, 2 when
+    ComfyUI is not importable or a file cannot be audited."""
     from minimax_hotfix.registry.comfy import comfy_module, use_comfyui_checkout
 
     use_comfyui_checkout()
@@ -666,10 +702,10 @@ def main(model_files: list[str], as_json: bool) -> int:
         print("placement audit: needs ComfyUI (set COMFYUI_PATH to a ComfyUI checkout and run with its Python)",
               file=sys.stderr)
         return 2
-    rows = audit()
     if model_files:
-        rows.append(Row(", ".join(model_files), "-", "-", not_audited="auditing model files is not supported yet; "
-                                                                      "the built-in configurations were audited"))
+        from . import placement_audit_files
+
+        return placement_audit_files.main(model_files, as_json)
+    rows = audit()
     print(json.dumps([asdict(r) for r in rows], indent=1) if as_json else table(rows))
-    left = [f for r in rows if r.pack == "on" for f in r.findings if not f.accepted]
-    return 1 if left else 0
+    return exit_code(rows)

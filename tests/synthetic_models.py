@@ -168,3 +168,17 @@ def write_models(models_dir: Path) -> dict[str, Path]:
         written[name] = path
     return written
 
+
+
+def save_gguf(state: dict, path: Path) -> None:
+    """``state`` as a GGUF file with ComfyUI's tensor names (as ComfyUI-GGUF stores diffusion models and VAEs);
+    bfloat16, which numpy lacks, as float32."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "minimax")
+    for key, value in state.items():
+        writer.add_tensor(key, (value.float() if value.dtype == torch.bfloat16 else value).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

@@ -166,7 +166,9 @@ def troubleshooting() -> str:
 def test_every_doctor_message_is_in_the_readme_troubleshooting():
     for message in ("doctor: error: torch is not installed in", "is not a ComfyUI checkout (no comfy/cli_args.py and "
                     "nodes.py there)", "cannot be imported by", "doctor: error: unknown fix id",
-                    "doctor: error: the placement audit is not available in this version", "FAIL  ",
+                    "doctor: error: the placement audit is not available in this version",
+                    "placement audit: <file>: no such file", "cannot be read as safetensors (...)", "as GGUF (...)",
+                    "not a MiniMax model ComfyUI can build (...)", "loader cannot build it (...)", "FAIL  ",
                     "self-test step(s) failed", "FAIL  self-test raised", "(not run here:",
                     "module failed to import: ", "fix left off", "failed to import and is left off",
                     "switched off by MINIMAX_HOTFIX_DISABLE", "MINIMAX_HOTFIX_DISABLE names no known fix",
