@@ -127,7 +127,7 @@ def main() -> int:
         int8_bytes = sum(layer.weight._qdata.numel() + layer.weight._params.scale.numel() * 4 for layer in dense)
         cached_bytes = sum(vars(layer)[MARK].weights.nbytes for layer in dense)
     comfy.model_management.unload_all_models()
-    FIX.uninstall()
+    FIX.unwrap_linear_input_act()
     torch._int_mm = real_int_mm
     forget_int8_probes()
 

@@ -102,7 +102,7 @@ def comfyui_resident_and_offloaded():
     tower = Qwen3VLVisionModel(config, dtype=torch.float32, ops=comfy.ops.manual_cast)
     for parameter in tower.parameters():
         torch.nn.init.normal_(parameter, std=0.02)
-    report_resident("ComfyUI", tower, fix.install_on_towers)
+    report_resident("ComfyUI", tower, fix.hook_towers)
 
     h3 = {**QWEN3VL_VISION_COMMON, **QWEN3VL_VISION["qwen3vl_32b"], "out_hidden_size": 64, "depth": 0,
           "deepstack_visual_indexes": []}

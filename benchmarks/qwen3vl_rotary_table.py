@@ -92,7 +92,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     stock_tower, fixed_tower = h3_tower(), h3_tower()
-    fix.install_on_towers(fixed_tower)
+    fix.hook_towers(fixed_tower)
     for name, rows in INPUTS.items():
         grid = torch.tensor(rows)
         patches = sum(t * h * w for t, h, w in rows)

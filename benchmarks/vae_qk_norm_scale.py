@@ -89,7 +89,7 @@ def overhead(vae, rounds: int) -> None:
     probe_calls = 10000
     best_of_five = lambda: min(timed(lambda: [probe(x) for _ in range(probe_calls)]) for _ in range(5))  # noqa: E731
     bare = best_of_five()
-    handles = vae_qk_norm_scale.install_on([probe])
+    handles = vae_qk_norm_scale.hook_decoders([probe])
     hooked = best_of_five()
     for handle in handles:
         handle.remove()

@@ -172,7 +172,7 @@ class Int8FullPrecisionMM(Fix):
         layers = [module for module in model.modules() if self.needs_diversion(module, ops)]
         if not layers:
             return []
-        self.install()
+        self.wrap_linear_input_act()
         may_keep = memory_guard(comfy_module("comfy.model_management"), self.id)
         handles = []
         for layer in layers:
@@ -182,13 +182,13 @@ class Int8FullPrecisionMM(Fix):
                  self.id, len(layers))
         return handles
 
-    def install(self) -> None:
+    def wrap_linear_input_act(self) -> None:
         """Wrap ``comfy.ops.linear_input_act`` once (see the banner for why no per-model hook can)."""
         ops = comfy_module("comfy.ops")
         if getattr(ops.linear_input_act, MARK, None) is None:
             ops.linear_input_act = diverting_linear_input_act(ops.linear_input_act)
 
-    def uninstall(self) -> None:
+    def unwrap_linear_input_act(self) -> None:
         """Put the original back, unless another pack has wrapped ours since (removing ours would drop theirs; ours
         passes every unmarked layer straight through)."""
         ops = comfy_module("comfy.ops")

@@ -57,7 +57,7 @@ def _table_on_compute_device(tower, stock):
     return fast_pos_embed_interpolate
 
 
-def install_on_towers(model: torch.nn.Module) -> list:
+def hook_towers(model: torch.nn.Module) -> list:
     """Attach the fix to every ComfyUI Qwen3.5/Qwen3-VL vision tower in ``model``; returns removable handles."""
     tower_class = qwen3vl_tower_class()
     if tower_class is None:
@@ -102,7 +102,7 @@ class Qwen3VLPosEmbedFix(Fix):
                                      "interpolates on the CPU (no crash: forward moves the result)")
 
     def hook_loaded_model(self, model) -> list:
-        return install_on_towers(model)
+        return hook_towers(model)
 
 
 FIX = Qwen3VLPosEmbedFix()

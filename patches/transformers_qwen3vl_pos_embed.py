@@ -116,7 +116,7 @@ def _grid_follows_activations(tower, args, kwargs):
     return args, {**kwargs, "grid_thw": grid.to(hidden.device)}
 
 
-def install_on_tower(tower, form: str) -> list:
+def hook_tower(tower, form: str) -> list:
     handles = track_compute_device(tower, "hidden_states", refine_from=tower.patch_embed)
     if form == METHOD_FORM:
         handles.append(AttributeOverride(tower, "fast_pos_embed_interpolate",
@@ -192,7 +192,7 @@ class TransformersQwen3VLPosEmbedFix(Fix):
                             self.id, type(module).__name__)
                 continue
             _detach_tower(module)
-            _attached[module] = install_on_tower(module, form)
+            _attached[module] = hook_tower(module, form)
             attached.append(name or type(module).__name__)
         return attached
 

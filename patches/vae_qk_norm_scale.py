@@ -117,7 +117,8 @@ def decoders(model: torch.nn.Module, vae) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, vae.ViT3DDecoder)]
 
 
-def install_on(modules) -> list:
+def hook_decoders(modules) -> list:
+    """Keep each decoder's buffers resident on the device its input arrives on; returns removable handles."""
     copies = ResidentCopies()
     return [handle for m in modules for handle in keep_buffers_on_input_device(m, copies)] + [DropCopies(copies)]
 
@@ -161,7 +162,7 @@ class VaeQkNormScale(Fix):
 
     def hook_loaded_model(self, model) -> list:
         found = decoders(model, comfy_module(VAE_MODULE))
-        return install_on(found) if found else []
+        return hook_decoders(found) if found else []
 
 
 FIX = VaeQkNormScale()

@@ -233,7 +233,7 @@ def core(request, monkeypatch):
         the_core = ComfyCore()
     yield the_core
     the_core.unload_all()
-    FIX.uninstall()
+    FIX.unwrap_linear_input_act()
 
 
 class IntMM:
@@ -471,7 +471,7 @@ def test_a_lora_comfyui_patches_in_reaches_the_fallback(comfyui, int_mm):
         expected = reference(mlp.fc2, h, "swiglu")[1]
     finally:
         core.unload_all()
-        FIX.uninstall()
+        FIX.unwrap_linear_input_act()
     assert max_diff(after, expected) <= 1e-5 * expected.abs().max().item()
     assert max_diff(after, before) > 1, "the patched weight is used, not the cached one"
 
@@ -558,21 +558,21 @@ def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(cor
 
 def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):
     stock = core.ops.linear_input_act
-    FIX.install()
+    FIX.wrap_linear_input_act()
     wrapper = core.ops.linear_input_act
-    FIX.install()
+    FIX.wrap_linear_input_act()
     assert core.ops.linear_input_act is wrapper and wrapper.__wrapped__ is stock
     assert inspect.signature(wrapper) == inspect.signature(stock)
-    FIX.uninstall()
+    FIX.unwrap_linear_input_act()
     assert core.ops.linear_input_act is stock
 
-    FIX.install()
+    FIX.wrap_linear_input_act()
     ours = core.ops.linear_input_act
     other_pack = functools.wraps(ours)(lambda *args, **kwargs: ours(*args, **kwargs))
     core.ops.linear_input_act = other_pack
-    FIX.install()
+    FIX.wrap_linear_input_act()
     assert core.ops.linear_input_act is other_pack, "ours is found under another pack's wrapper, not stacked"
-    FIX.uninstall()
+    FIX.unwrap_linear_input_act()
     assert core.ops.linear_input_act is other_pack, "removing ours from under theirs would drop theirs"
     core.ops.linear_input_act = stock
 
@@ -689,7 +689,7 @@ def test_real_minimax_h3_and_text_encoder_mlps(comfyui, int_mm, target):
         out = mlp(x)
     finally:
         comfy.model_management.unload_all_models()
-        FIX.uninstall()
+        FIX.unwrap_linear_input_act()
     print(f"[comfyui] real {type(mlp).__module__}.MLP ({target}): "
           f"max|fallback - fp32 ref| = {max_diff(out, expected):.2e}")
     assert max_diff(out, expected) <= 1e-4 * expected.abs().max().item()

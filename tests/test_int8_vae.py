@@ -102,7 +102,7 @@ def unload():
 
     yield
     comfy.model_management.unload_all_models()
-    FIX.uninstall()
+    FIX.unwrap_linear_input_act()
 
 
 def test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node(h3_int8_vae_file, int_mm_missing,

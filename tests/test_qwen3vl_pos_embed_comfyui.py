@@ -59,7 +59,7 @@ def test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device()
     assert seen == ["cpu"]  # red: the interpolation ran where the weight lives
 
     seen.clear()
-    handles = fix.install_on_towers(tower)
+    handles = fix.hook_towers(tower)
     fixed = tower_kit.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
     assert seen == ["meta"]  # green: it ran on the compute device
     assert [(t.device.type, t.shape) for t in fixed] == [(t.device.type, t.shape) for t in stock]
@@ -101,7 +101,7 @@ def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
 def test_all_on_one_device_outputs_bit_identical():
     tower = tiny_qwen3vl_tower()
     reference = tower_kit.outputs(tower(pixels(), torch.tensor(GRID)))
-    fix.install_on_towers(tower)
+    fix.hook_towers(tower)
     assert all(map(torch.equal, tower_kit.outputs(tower(pixels(), torch.tensor(GRID))), reference))
 
 
@@ -110,7 +110,7 @@ def test_ops_that_do_not_cast_keep_the_stock_path():
     indices, so the fix must leave such a tower alone (without the guard this call crashes)."""
     tower = offloaded_tower("disable_weight_init")
     seen = gather_devices(tower)
-    fix.install_on_towers(tower)
+    fix.hook_towers(tower)
     out = tower_kit.outputs(tower(pixels().to("meta"), torch.tensor(GRID)))
     assert seen == ["cpu"] and out[0].device.type == "meta"
 
@@ -146,9 +146,9 @@ def test_two_threads_no_cross_talk(layout):
     on_cpu = tiny_qwen3vl_tower()
     on_meta = offloaded_tower() if layout == "two towers" else on_cpu
     reference = tower_kit.outputs(on_cpu(pixels(), torch.tensor(GRID)))
-    fix.install_on_towers(on_cpu)
+    fix.hook_towers(on_cpu)
     if on_meta is not on_cpu:
-        fix.install_on_towers(on_meta)
+        fix.hook_towers(on_meta)
 
     def cpu_call():
         return all(map(torch.equal, tower_kit.outputs(on_cpu(pixels(), torch.tensor(GRID))), reference))

@@ -85,7 +85,7 @@ def test_full_load_moves_the_buffer_and_the_fix_keeps_the_stock_path():
     calls = []
     stock = tower.rotary_pos_emb.forward
     tower.rotary_pos_emb.forward = lambda seqlen: calls.append(seqlen) or stock(seqlen)
-    fix.install_on_towers(tower)
+    fix.hook_towers(tower)
     # pos_embed is on meta too, whose stock interpolation needs data: only the rotary table is built here
     with computing_on(tower, META):
         table = tower.rotary_pos_emb(7)
@@ -97,7 +97,7 @@ def test_all_on_one_device_outputs_bit_identical(dtype):
     tower = tiny_qwen3vl_tower(dtype)
     pixels = tiny_pixels().to(dtype)
     reference = outputs(tower(pixels, torch.tensor(GRID)))
-    fix.install_on_towers(tower)
+    fix.hook_towers(tower)
     assert all(map(torch.equal, outputs(tower(pixels, torch.tensor(GRID))), reference))
 
 
@@ -118,7 +118,7 @@ def test_survives_clone_and_reinjection():
     holder = torch.nn.Module()
     holder.visual = tiny_qwen3vl_tower()
     rotary_kit.partially_loaded(holder.visual, META)
-    position_fix.install_on_towers(holder.visual)
+    position_fix.hook_towers(holder.visual)
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=META, offload_device=torch.device("cpu"))
     assert "qwen3vl_rotary_table" in pack_registry.attach_fixes(patcher, "clip")
     clone = patcher.clone()
@@ -136,7 +136,7 @@ def test_one_tower_two_devices_on_two_threads():
     call's own frame would build one thread's table on the other's device (and fail copying meta to cpu)."""
     tower = tiny_qwen3vl_tower()
     reference = outputs(tower(tiny_pixels(), torch.tensor(GRID)))
-    fix.install_on_towers(tower)
+    fix.hook_towers(tower)
 
     def cpu_call():
         return all(map(torch.equal, outputs(tower(tiny_pixels(), torch.tensor(GRID))), reference))

@@ -77,7 +77,7 @@ def fake_cuda_calls(module, hooked, calls=4):
     """Runs ``module`` ``calls`` times on FakeTensor cuda q/k/table; returns (routes, H2D copies per call, error)."""
     with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
         q, k, table, _ = rope_inputs(lambda t: on_fake_cuda(mode, t))
-        handles = vae_qk_norm_scale.install_on([module]) if hooked else []
+        handles = vae_qk_norm_scale.hook_decoders([module]) if hooked else []
         copies = []
         try:
             for _ in range(calls):
@@ -116,7 +116,7 @@ def test_values_with_the_hooks_equal_the_unhooked_module_on_one_device():
     q, k, table, _ = rope_inputs(lambda t: t.float())
     module = UnitScaleRmsRope(64, torch.float32)
     expected = module(q, k, table)
-    handles = vae_qk_norm_scale.install_on([module])
+    handles = vae_qk_norm_scale.hook_decoders([module])
     got = module(q, k, table)
     for handle in handles:
         handle.remove()
@@ -138,7 +138,7 @@ def test_the_loaders_buffer_is_put_back_when_forward_raises():
     left_behind = module.qk_norm_scale
     with fake_cuda_mode() as mode:
         x = on_fake_cuda(mode, torch.zeros(4))
-        vae_qk_norm_scale.install_on([module])
+        vae_qk_norm_scale.hook_decoders([module])
         with pytest.raises(RuntimeError, match="boom"):
             module(x)
     assert module.qk_norm_scale is left_behind

@@ -56,7 +56,7 @@ def divert(layer):
     finally:
         remove_handles(handles)
         if not was_installed:
-            FIX.uninstall()
+            FIX.unwrap_linear_input_act()
 
 
 def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=False):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...patches.qwen3vl_pos_embed import install_on_towers
+from ...patches.qwen3vl_pos_embed import hook_towers
 from ...registry.comfy import TINY_QWEN3VL_GRID, TINY_QWEN3VL_TOWER, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
@@ -33,11 +33,11 @@ def outputs_match(fixed, stock, device: torch.device) -> tuple[bool, str]:
     return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock)), "values"
 
 
-def all_on_cpu_check(tower, pixels, grid, install_on_towers) -> Check:
-    """With a fix's ``install_on_towers`` on ``tower`` while it is all on cpu, the output is bit-identical to the stock
+def all_on_cpu_check(tower, pixels, grid, hook_towers) -> Check:
+    """With a fix's ``hook_towers`` on ``tower`` while it is all on cpu, the output is bit-identical to the stock
     tower's. Run first, before the tower is split across devices; listed after the red control and its green."""
     resident = [tensor.clone() for tensor in outputs(tower(pixels, grid))]
-    with_fix = install_on_towers(tower)
+    with_fix = hook_towers(tower)
     try:
         return Check("green: all on cpu, output bit-identical to the stock tower",
                      all(map(torch.equal, outputs(tower(pixels, grid)), resident)))
@@ -53,7 +53,7 @@ def self_test():
     tower = tiny_qwen3vl_tower()
     grid = torch.tensor(TINY_QWEN3VL_GRID)
     pixels = tiny_pixels()
-    all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
+    all_on_cpu = all_on_cpu_check(tower, pixels, grid, hook_towers)
 
     gather_devices: list[torch.device] = []
     spy = tower.pos_embed.register_forward_pre_hook(lambda mod, args: gather_devices.append(args[0].device))
@@ -66,7 +66,7 @@ def self_test():
                             "gather runs on the CPU", gather_devices == [torch.device("cpu")],
                             f"gather ran on {[d.type for d in gather_devices]}"))
         gather_devices.clear()
-        with_fix = install_on_towers(tower)
+        with_fix = hook_towers(tower)
         try:
             fixed = outputs(tower(pixels.to(device), grid))
         finally:

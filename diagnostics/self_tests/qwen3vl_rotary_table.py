@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ...patches.qwen3vl_pos_embed import install_on_towers as install_position_table_fix
-from ...patches.qwen3vl_rotary_table import install_on_towers
+from ...patches.qwen3vl_pos_embed import hook_towers as hook_position_table_fix
+from ...patches.qwen3vl_rotary_table import hook_towers
 from ...registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
@@ -50,19 +50,19 @@ def self_test():
     grid = torch.tensor(TINY_QWEN3VL_GRID)
     pixels = tiny_pixels()
     tower = tiny_qwen3vl_tower()
-    all_on_cpu = all_on_cpu_check(tower, pixels, grid, install_on_towers)
+    all_on_cpu = all_on_cpu_check(tower, pixels, grid, hook_towers)
 
     left_behind = partially_loaded(tower, device)
     built_on = tables_built_on(tower)
     on_device = pixels.to(device)
-    position_fix = install_position_table_fix(tower)
+    position_fix = hook_position_table_fix(tower)
     try:
         stock, stock_copies = copies_from_host(tower, lambda: outputs(tower(on_device, grid)))
         checks = [Check(f"red: fix off, inv_freq in CPU RAM, compute on {device.type}: the rotary table is "
                         "built on the CPU and copied over", built_on == ["cpu"] and stock_copies > 0,
                         f"built on {built_on}, {stock_copies} host-to-device copies")]
         built_on.clear()
-        with_fix = install_on_towers(tower)
+        with_fix = hook_towers(tower)
         try:
             fixed = outputs(tower(on_device, grid))
             _, later_copies = copies_from_host(tower, lambda: [tower(on_device, grid) for _ in range(LATER_CALLS)])

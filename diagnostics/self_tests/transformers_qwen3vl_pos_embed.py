@@ -11,7 +11,7 @@ import torch
 
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.qwen3vl_pos_embed import computing_on
-from ...patches.transformers_qwen3vl_pos_embed import (INDEXING_FORM, forward_form, install_on_tower,
+from ...patches.transformers_qwen3vl_pos_embed import (INDEXING_FORM, forward_form, hook_tower,
                                                          reference_tower_class)
 from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
@@ -47,7 +47,7 @@ def outputs(result) -> list[torch.Tensor]:
 @contextlib.contextmanager
 def _installed(tower, form: str):
     """The fix on the self-test's private ``tower`` for one step of the check."""
-    handles = install_on_tower(tower, form)
+    handles = hook_tower(tower, form)
     try:
         yield
     finally:

@@ -8,7 +8,7 @@ import torch
 
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.ck_rope_device import unaligned_kitchen
-from ...patches.vae_qk_norm_scale import BUFFER, install_on
+from ...patches.vae_qk_norm_scale import BUFFER, hook_decoders
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
 from ..kitchen import real_kitchen_routing, red_check, rope_inputs
@@ -69,7 +69,7 @@ def fake_cuda_checks() -> list[Check]:
 def hooked_calls(module, *inputs):
     """``module`` called with the fix's hooks on: the first call's output, and the host-to-device copies made by
     ``LATER_CALLS`` more calls (the resident copies should make them none). The hooks are removed afterwards."""
-    handles = install_on([module])
+    handles = hook_decoders([module])
     try:
         first = module(*inputs)
         with HostToDeviceCopies() as later_copies:
