@@ -1,13 +1,17 @@
 """What ComfyUI's start-up imports of the pack, and how long ``load_custom_node`` takes for it, side by side with an
 earlier commit of the pack, in one run.
 
-    COMFYUI_PATH=/path/to/ComfyUI <ComfyUI's python> benchmarks/startup_imports.py [--before REV] [--repeats 7]
+    COMFYUI_PATH=/path/to/ComfyUI <ComfyUI's python> benchmarks/startup_imports.py [--before REV] [--after REV]
+        [--repeats 7]
 
 Each measurement is a fresh process that imports what ComfyUI's ``main.py`` has imported before custom nodes load
-(``nodes``, ``comfy.model_patcher``, ``server``), then times ``nodes.load_custom_node(<pack>)`` and lists the pack's
+(``nodes``, ``comfy.model_patcher``, ``server``, and the ``comfy_config`` parser that ComfyUI imports once, for
+the first custom node with a ``pyproject.toml``: its ~40 ms belong to no pack), then times ``nodes.load_custom_node(<pack>)`` and lists the pack's
 modules that call added to ``sys.modules`` (lines counted per file). The two packs alternate, so drift of a noisy
-machine hits both; medians are printed with their ratio. ``--before`` (default: 0033aee, the last commit
-before the start-up redesign) is extracted with ``git archive`` into a temporary folder.
+machine hits both; medians are printed with their ratio. Both commits (``--before``, default 0033aee, the last commit
+before the start-up redesign; ``--after``, default HEAD) are extracted with ``git archive`` into a temporary folder.
+Timed twice: "cold", Python compiling the pack's sources (a first start, or ``PYTHONDONTWRITEBYTECODE``), and "warm",
+from the bytecode cache a user's later starts read.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ sys.path.insert(0, comfy); os.chdir(comfy)
 from comfy.cli_args import args
 args.cpu = True
 import nodes, comfy.model_patcher, server  # noqa: F401  (main.py has them before custom nodes load)
+from comfy_config import config_parser  # noqa: F401  (ComfyUI's, imported by the first pack with a pyproject.toml)
 before = set(sys.modules)
 start = time.perf_counter()
 load = nodes.load_custom_node(pack)
@@ -43,8 +48,14 @@ print("RESULT " + json.dumps({"loaded": bool(loaded), "seconds": seconds, "modul
 """
 
 
-def measure(pack: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(pack)], capture_output=True, text=True, timeout=600)
+def measure(pack: Path, warm: bool) -> dict:
+    env = dict(os.environ)
+    if warm:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(pack)], capture_output=True, text=True, timeout=600,
+                          env=env)
     line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"startup_imports: error: measuring {pack} failed:\n{done.stderr[-3000:]}")
@@ -52,9 +63,9 @@ def measure(pack: Path) -> dict:
 
 
 def extract(rev: str, dest: Path) -> Path:
-    archive = dest / "pack.tar"
+    archive = dest / f"{rev}.tar"
     subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), rev], check=True)
-    pack = dest / "minimax-hotfix"
+    pack = dest / rev / "minimax-hotfix"
     with tarfile.open(archive) as tar:
         tar.extractall(pack, filter="data")
     return pack
@@ -63,29 +74,35 @@ def extract(rev: str, dest: Path) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="0033aee", help="the earlier commit to compare with (default: %(default)s)")
+    parser.add_argument("--after", default="HEAD", help="the commit to measure (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     if not os.environ.get("COMFYUI_PATH"):
         parser.error("set COMFYUI_PATH to a ComfyUI checkout and run with that ComfyUI's python")
     with tempfile.TemporaryDirectory() as tmp:
-        packs = {f"before ({args.before})": extract(args.before, Path(tmp)), "now": ROOT}
-        runs = {label: [] for label in packs}
+        packs = {f"before ({args.before})": extract(args.before, Path(tmp)),
+                 f"after ({args.after})": extract(args.after, Path(tmp))}
+        runs = {(label, mode): [] for label in packs for mode in ("cold", "warm")}
+        for pack in packs.values():
+            measure(pack, warm=True)  # writes the bytecode cache the warm runs read
         for _ in range(args.repeats):
-            for label, pack in packs.items():
-                runs[label].append(measure(pack))
-    summary = {}
-    for label, results in runs.items():
-        modules = results[-1]["modules"]
-        summary[label] = (len(modules), sum(modules.values()), statistics.median(r["seconds"] for r in results))
-        print(f"{label}: loaded={all(r['loaded'] for r in results)} modules={len(modules)} "
-              f"lines={sum(modules.values())} load_custom_node median={summary[label][2] * 1000:.0f} ms "
-              f"(min {min(r['seconds'] for r in results) * 1000:.0f}, max {max(r['seconds'] for r in results) * 1000:.0f}, "
-              f"n={len(results)})")
+            for (label, mode), results in runs.items():
+                results.append(measure(packs[label], warm=mode == "warm"))
+    for label in packs:
+        modules = runs[(label, "warm")][-1]["modules"]
+        print(f"{label}: modules={len(modules)} lines={sum(modules.values())}")
         for name, lines in sorted(modules.items()):
             print(f"    {name:45s} {lines:5d}")
-    (before, now) = summary.values()
-    print(f"ratio now/before: modules {now[0] / before[0]:.2f}, lines {now[1] / before[1]:.2f}, "
-          f"import time {now[2] / before[2]:.2f}")
+    medians = {key: statistics.median(r["seconds"] for r in results) for key, results in runs.items()}
+    for (label, mode), results in runs.items():
+        seconds = [r["seconds"] * 1000 for r in results]
+        print(f"{label} {mode}: loaded={all(r['loaded'] for r in results)} load_custom_node median "
+              f"{medians[(label, mode)] * 1000:.1f} ms (min {min(seconds):.1f}, max {max(seconds):.1f}, n={len(seconds)})")
+    before, after = packs
+    lines = [sum(runs[(label, "warm")][-1]["modules"].values()) for label in packs]
+    print(f"ratio after/before: lines {lines[1] / lines[0]:.2f}, import time cold "
+          f"{medians[(after, 'cold')] / medians[(before, 'cold')]:.2f}, warm "
+          f"{medians[(after, 'warm')] / medians[(before, 'warm')]:.2f}")
     return 0
 
 
