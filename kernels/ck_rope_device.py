@@ -30,6 +30,7 @@ def rope_function_names(module) -> list[str]:
     return sorted(name for name in public if name.startswith(ROPE_PREFIXES) and callable(getattr(module, name, None)))
 
 
+@functools.cache  # detection and install both ask, at ComfyUI's start-up
 def operand_positions(fn: Callable) -> tuple[str, tuple[tuple[int, str], ...]]:
     """``(anchor, ((index, name), ...))``: the activation that decides the device and where the movable operands sit.
 

@@ -36,7 +36,7 @@ import importlib.util
 import re
 import sys
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..kernels.transformers_static_cache import (INIT_SHAPE, MLP_ONLY_PLAN, PREPARE_INPUTS, PROBE_KV_HEADS,
                                                  kv_heads_per_rank, prepare_on_fake_cuda, unwrap_generation, unwrapped,
@@ -48,8 +48,7 @@ FIX_ID = "transformers_static_cache"
 GENERATION_MODULE = "transformers.generation.utils"
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """What the probes found in the running transformers, per repair."""
 
     masks: Status

@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 import importlib.metadata
 import logging
+import re
 import types
 import weakref
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 PACK_KEY = "minimax_hotfix"
 
@@ -47,8 +47,7 @@ class Target(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):
     """``provisional``: the fix can only tell for sure later (e.g. on first use); the registry asks again."""
 
     state: State
@@ -56,8 +55,7 @@ class Status:
     provisional: bool = False
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(NamedTuple):
     """One self-test step. ``red`` steps pass when the bug reproduces with the fix off."""
 
     name: str
@@ -65,8 +63,7 @@ class Check:
     detail: str = ""
 
 
-@dataclass(frozen=True)
-class Retirement:
+class Retirement(NamedTuple):
     """When the fix goes: ``fixed_by`` names the upstream change that makes it obsolete (or says none is known yet);
     ``delete_when`` is the condition under which its file can be deleted."""
 
@@ -74,8 +71,7 @@ class Retirement:
     delete_when: str
 
 
-@dataclass(frozen=True)
-class RegistryLink:
+class RegistryLink(NamedTuple):
     """What the registry hands each fix it finds (``Fix.link``), so that code a fix runs long after install (a wrapper
     called on first use) can honour the off switch and report a new status without importing the registry:
     ``switched_off()`` reads the user's off switch now; ``refresh_status()`` makes the registry ask ``detect`` again
@@ -121,11 +117,14 @@ class Fix:
 
 
 def package_version(distribution: str) -> str:
-    """The installed version of ``distribution`` from its metadata (no import), or "not installed"."""
+    """The installed version of ``distribution`` from its metadata (no import), or "not installed". The version line
+    is read alone: ``importlib.metadata.version`` parses the whole file, over a millisecond of ComfyUI's start-up."""
     try:
-        return importlib.metadata.version(distribution)
+        found = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+    version = re.search(r"^Version:\s*(\S+)", found.read_text("METADATA") or "", re.MULTILINE)
+    return version.group(1) if version else found.version
 
 
 class AttributeOverride:
