@@ -49,6 +49,8 @@ print("RESULT " + json.dumps({"loaded": bool(loaded), "seconds": seconds, "modul
 
 
 def measure(pack: Path, warm: bool) -> dict:
+    """One start; ``warm`` reads and writes the pack's bytecode cache, cold runs never write one (their copy of the
+    pack has none, so every source is compiled, as on a first start)."""
     env = dict(os.environ)
     if warm:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -63,9 +65,9 @@ def measure(pack: Path, warm: bool) -> dict:
 
 
 def extract(rev: str, dest: Path) -> Path:
-    archive = dest / f"{rev}.tar"
+    archive = dest.with_suffix(".tar")
     subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), rev], check=True)
-    pack = dest / rev / "minimax-hotfix"
+    pack = dest / "minimax-hotfix"
     with tarfile.open(archive) as tar:
         tar.extractall(pack, filter="data")
     return pack
@@ -80,15 +82,18 @@ def main(argv=None) -> int:
     if not os.environ.get("COMFYUI_PATH"):
         parser.error("set COMFYUI_PATH to a ComfyUI checkout and run with that ComfyUI's python")
     with tempfile.TemporaryDirectory() as tmp:
-        packs = {f"before ({args.before})": extract(args.before, Path(tmp)),
-                 f"after ({args.after})": extract(args.after, Path(tmp))}
-        runs = {(label, mode): [] for label in packs for mode in ("cold", "warm")}
-        for pack in packs.values():
-            measure(pack, warm=True)  # writes the bytecode cache the warm runs read
+        labels = (f"before ({args.before})", f"after ({args.after})")
+        packs = {(label, mode): extract(rev, Path(tmp) / f"{index}-{mode}")
+                 for index, (label, rev) in enumerate(zip(labels, (args.before, args.after)))
+                 for mode in ("cold", "warm")}
+        runs = {key: [] for key in packs}
+        for (label, mode), pack in packs.items():
+            if mode == "warm":
+                measure(pack, warm=True)  # writes the bytecode cache the warm runs read
         for _ in range(args.repeats):
             for (label, mode), results in runs.items():
-                results.append(measure(packs[label], warm=mode == "warm"))
-    for label in packs:
+                results.append(measure(packs[(label, mode)], warm=mode == "warm"))
+    for label in labels:
         modules = runs[(label, "warm")][-1]["modules"]
         print(f"{label}: modules={len(modules)} lines={sum(modules.values())}")
         for name, lines in sorted(modules.items()):
@@ -98,8 +103,8 @@ def main(argv=None) -> int:
         seconds = [r["seconds"] * 1000 for r in results]
         print(f"{label} {mode}: loaded={all(r['loaded'] for r in results)} load_custom_node median "
               f"{medians[(label, mode)] * 1000:.1f} ms (min {min(seconds):.1f}, max {max(seconds):.1f}, n={len(seconds)})")
-    before, after = packs
-    lines = [sum(runs[(label, "warm")][-1]["modules"].values()) for label in packs]
+    before, after = labels
+    lines = [sum(runs[(label, "warm")][-1]["modules"].values()) for label in labels]
     print(f"ratio after/before: lines {lines[1] / lines[0]:.2f}, import time cold "
           f"{medians[(after, 'cold')] / medians[(before, 'cold')]:.2f}, warm "
           f"{medians[(after, 'warm')] / medians[(before, 'warm')]:.2f}")
