@@ -32,15 +32,13 @@ the registry's ``FIX.link``).
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
 import threading
 from typing import NamedTuple
 
-from ..kernels.transformers_static_cache import (INIT_SHAPE, MLP_ONLY_PLAN, PREPARE_INPUTS, PROBE_KV_HEADS,
-                                                 kv_heads_per_rank, prepare_on_fake_cuda, unwrap_generation, unwrapped,
-                                                 wrap_generation)
 from ..registry.contract import Fix, Retirement, State, Status, Target, package_version
 from ..registry.on_import import WrapOnImport
 
@@ -84,8 +82,15 @@ def _release(version: str) -> tuple[int, ...] | None:
     return tuple(int(n or 0) for n in numbers.groups()) if numbers else None
 
 
+def _kernel():
+    """The probes and wrappers (kernels/transformers_static_cache.py), needed once transformers' generation code is
+    imported: ComfyUI's start-up does not load them."""
+    return importlib.import_module("..kernels.transformers_static_cache", __package__)
+
+
 def _probe_masks(mixin) -> Status:
-    moved, nested = prepare_on_fake_cuda(unwrapped(mixin, PREPARE_INPUTS))
+    kernel = _kernel()
+    moved, nested = kernel.prepare_on_fake_cuda(kernel.unwrapped(mixin, kernel.PREPARE_INPUTS))
     if not moved:
         return Status(State.NOT_AFFECTED, "generate() does not move host-side inputs here at all (they must be on "
                                           "the model device already), so nested ones are no different")
@@ -98,17 +103,18 @@ def _probe_masks(mixin) -> Status:
 
 
 def _probe_tp_heads(mixin) -> Status:
-    init_shape = unwrapped(mixin, INIT_SHAPE)
+    kernel = _kernel()
+    init_shape, expected = kernel.unwrapped(mixin, kernel.INIT_SHAPE), kernel.PROBE_KV_HEADS
     if init_shape is None:
-        return Status(State.NOT_APPLICABLE, f"no {INIT_SHAPE} (static caches are not initialized early here)")
-    heads = kv_heads_per_rank(init_shape, MLP_ONLY_PLAN)
-    if heads == PROBE_KV_HEADS:
+        return Status(State.NOT_APPLICABLE, f"no {kernel.INIT_SHAPE} (static caches are not initialized early here)")
+    heads = kernel.kv_heads_per_rank(init_shape, kernel.MLP_ONLY_PLAN)
+    if heads == expected:
         return Status(State.FIXED_UPSTREAM, "divided only when k/v are sharded")
-    if heads == PROBE_KV_HEADS // 2:
+    if heads == expected // 2:
         return Status(State.APPLIED, "repaired: divided by the TP size even when the plan does not shard k/v; the "
                                      "pack divides only for a colwise key projection")
-    return Status(State.FAILED, f"target drifted: {INIT_SHAPE} gave {heads} heads for a plan that does not "
-                                  f"shard k/v (expected {PROBE_KV_HEADS}, or {PROBE_KV_HEADS // 2} with the bug)")
+    return Status(State.FAILED, f"target drifted: {kernel.INIT_SHAPE} gave {heads} heads for a plan that does not "
+                                  f"shard k/v (expected {expected}, or {expected // 2} with the bug)")
 
 
 def _probed(probe, mixin) -> Status:
@@ -148,7 +154,7 @@ def _repairing(half: str) -> bool:
 
 
 def _wrap(generation_module) -> None:
-    wrap_generation(generation_module.GenerationMixin, _repairing)
+    _kernel().wrap_generation(generation_module.GenerationMixin, _repairing)
 
 
 class TransformersStaticCacheFix(Fix):
@@ -200,7 +206,7 @@ class TransformersStaticCacheFix(Fix):
                 _import_hook = None
             module = sys.modules.get(GENERATION_MODULE)
             if module is not None:
-                unwrap_generation(module.GenerationMixin)
+                _kernel().unwrap_generation(module.GenerationMixin)
 
 
 FIX = TransformersStaticCacheFix()

@@ -13,9 +13,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "nodes", "registry", "patches", "kernels", "diagnostics")
-# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and their kernels.
+# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and the kernel one of
+# them runs at once (transformers_static_cache's waits for transformers' generation code).
 STARTUP_MODULES = ["__init__.py", "api.py", "kernels/__init__.py", "kernels/ck_rope_device.py",
-                   "kernels/transformers_static_cache.py", "nodes/__init__.py", "nodes/swap_route.py",
+                   "nodes/__init__.py", "nodes/swap_route.py",
                    "patches/__init__.py", "patches/ck_rope_device.py", "patches/transformers_static_cache.py",
                    "registry/__init__.py", "registry/contract.py", "registry/on_import.py"]
 # (transformers_qwen3vl_pos_embed loads with the first public call, which LOAD makes before the table is asked for.)
