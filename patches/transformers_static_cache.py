@@ -1,15 +1,13 @@
 """transformers_static_cache: transformers ``generate()`` with a static cache keeps nested attention masks on the host,
 and tensor parallelism divides KV heads that the plan does not shard.
 
-Bug 1: a custom node (captioner, prompt enhancer) calls ``model.generate(**inputs, cache_implementation="static")``
-with the tokenizer's inputs on the CPU and the model on the GPU. ``prepare_inputs_for_generation`` moves only the
-top-level tensors to the model device, but with a compilable cache and a config with ``layer_types`` (Gemma 3,
-Qwen3, Qwen3.5) the attention mask is a dict keyed by layer type, whose tensors stay on the host:
+Bug 1: a custom node (captioner, prompt enhancer) calls ``generate(**inputs, cache_implementation="static")`` with
+host-side inputs and the model on the GPU; with a config with ``layer_types`` (Gemma 3, Qwen3, Qwen3.5) the mask is a
+dict per layer type, and ``prepare_inputs_for_generation`` moves only top-level tensors:
 RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!
-(``scaled_dot_product_attention``; on other accelerators ``neuron:0 and cpu``, or ``attn_bias is on cpu, different from other tensors on cuda:0``).
+(also ``neuron:0 and cpu``, or ``attn_bias is on cpu, different from other tensors on cuda:0``).
 Bug 2: with ``prefill_chunk_size`` and tensor parallelism, ``_get_static_cache_init_shape`` divides the KV heads by
-the TP size even when the plan leaves k/v whole (no attention entry, ``colwise_gather_output``, MLP only), so the
-eagerly initialized cache is too small:
+the TP size even when the plan leaves k/v whole, so the early cache is too small:
 ValueError: Incompatible shapes for broadcasting: (1, 8, 512, 128) and requested shape (1, 4, 512, 128)
 
 Upstream: huggingface/transformers PR #46590 added the top-level-only move (5.13.1); #47019 made single-pattern
