@@ -427,15 +427,18 @@ def _h3_dit() -> AuditedModel:
     def call(model, fake_mode):
         """The sampler's calls: ``extra_conds`` once per run (token refiner, packed layout), then one step through
         ``BaseModel.apply_model`` with the packed latent: one 2x2 video latent frame, two stereo audio frames, 8 text
-        tokens. The step reads the sigma (``float``) and the text tags (``.tolist()``) on the host."""
-        shapes = [torch.Size((1, 24, 1, 2, 2)), torch.Size((1, 32, 2, 2))]
+        tokens. The step reads the sigma (``float``) and the text tags (``.tolist()``) on the host. Sizes are the
+        model's own (a user's file may differ from the class defaults)."""
+        dit = model.diffusion_model
+        video, audio = dit.latents_dim, dit.audio_latents_dim
+        shapes = [torch.Size((1, video, 1, 2, 2)), torch.Size((1, audio, 2, 2))]
         with unset_fake_temporarily():
             tags = torch.ones(8, dtype=torch.long)  # as the H3 text encoder returns them: on the CPU
         model.latent_shapes = shapes  # as the sampler sets it
-        conds = model.extra_conds(cross_attn=torch.empty(1, 8, 5120, device=COMPUTE), latent_shapes=shapes,
-                                  device=COMPUTE, minimax_token_tags=tags)
-        model.apply_model(torch.empty(1, 1, 24 * 4 + 32 * 4, device=COMPUTE), torch.full((1,), 0.5, device=COMPUTE),
-                          **{key: cond.cond for key, cond in conds.items()})
+        text = torch.empty(1, 8, dit.condition_proj.in_features, device=COMPUTE)
+        conds = model.extra_conds(cross_attn=text, latent_shapes=shapes, device=COMPUTE, minimax_token_tags=tags)
+        model.apply_model(torch.empty(1, 1, video * 4 + audio * 4, device=COMPUTE),
+                          torch.full((1,), 0.5, device=COMPUTE), **{key: cond.cond for key, cond in conds.items()})
 
     return AuditedModel(name, "model", build, call)
 

@@ -16,6 +16,7 @@ calls run there. GGUF weights need ComfyUI-GGUF's ops to run, so GGUF files are 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,6 +25,8 @@ import sys
 from dataclasses import asdict
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from . import placement_audit
 
@@ -190,6 +193,24 @@ def _detect_text_encoder(meta: dict) -> str | None:
     return getattr(found, "name", None)
 
 
+class _RealOperandsStayReal(TorchDispatchMode):
+    """Under the audit's fake mode, an op whose operands are all real tensors runs for real: loaders read the values
+    of the small tensors the file gives for real (``tokenizer_json.detach().cpu().numpy()``, a quantization config),
+    which a fake mode would turn into FakeTensors first. Factories and ops on the fake weights stay fake."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+        kwargs = kwargs or {}
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        target = kwargs.get("device")
+        if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and (
+                target is None or torch.device(target).type != placement_audit.COMPUTE.type):
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
 def _load_with_comfyui(found: Identified, on_device: bool):
     """What ComfyUI's loader for ``found`` returns, built from the file: the model module it holds."""
     import comfy.sd
@@ -200,12 +221,13 @@ def _load_with_comfyui(found: Identified, on_device: bool):
             state, metadata = comfy.utils.load_torch_file(found.header.path, return_metadata=True)
         else:
             state, metadata = found.header.fake_state_dict(), found.header.metadata
-        if found.loader == "diffusion model":
-            return comfy.sd.load_diffusion_model_state_dict(state, metadata=metadata).model
-        if found.loader == "text encoder":
-            clip = comfy.sd.load_text_encoder_state_dicts([state], clip_type=comfy.sd.CLIPType.MINIMAX)
-            return clip.cond_stage_model
-        return comfy.sd.VAE(sd=state, metadata=metadata).first_stage_model
+        with contextlib.nullcontext() if on_device else _RealOperandsStayReal():
+            if found.loader == "diffusion model":
+                return comfy.sd.load_diffusion_model_state_dict(state, metadata=metadata).model
+            if found.loader == "text encoder":
+                clip = comfy.sd.load_text_encoder_state_dicts([state], clip_type=comfy.sd.CLIPType.MINIMAX)
+                return clip.cond_stage_model
+            return comfy.sd.VAE(sd=state, metadata=metadata).first_stage_model
     except Exception as exc:  # a variant this ComfyUI does not build: what ComfyUI's own loader node would raise
         raise ModelFileError(f"{found.header.path}: ComfyUI's {found.loader} loader cannot build it "
                              f"({type(exc).__name__}: {exc})") from exc
@@ -231,10 +253,9 @@ def file_models(found: Identified, on_device: bool) -> tuple[list, list]:
     specs = {spec.name: spec for spec in placement_audit.models()}
     audited, not_audited = [], []
     for name, path in found.models.items():
-        spec = specs.get(name)
-        why = (placement_audit.NOT_AUDITED.get(name) if spec is None else spec.unavailable) or "not audited yet"
-        if spec is None or spec.build is None:
-            not_audited.append(placement_audit.Row(name, "-", "-", not_audited=why))
+        spec = specs[name]
+        if spec.build is None:  # this core lacks the class (the loader would fail on the file before this)
+            not_audited.append(placement_audit.Row(name, "-", "-", not_audited=spec.unavailable))
             continue
 
         def build(path=path):

@@ -3,7 +3,8 @@ the official key layout and under the file names the workflows use, so that Comf
 real model classes. Shapes come from ComfyUI's own modules (built on ``meta``), so they match the ComfyUI at hand.
 
 ComfyUI hard-codes the size of some models, far beyond a 2-core CPU: MiniMax Music 3's text encoder
-(``comfy.text_encoders.minimax_music.MODEL_CONFIG``, about 10 B parameters), the H3 video VAE (2.60 B parameters, the
+(``comfy.text_encoders.minimax_music.MODEL_CONFIG``, about 10 B parameters), the H3 text encoder (Qwen3-VL-32B cut to
+50 layers, ``Qwen3VL_32BConfig`` and ``QWEN3VL_VISION``), the H3 video VAE (2.60 B parameters, the
 defaults of ``MiniMaxH3VideoVAE`` and of its ``ViT3DDecoder``) and the H3 audio VAE (151 M parameters, the defaults of
 ``MiniMaxH3AudioVAE``). Their files are written for the tiny configurations of ``TINY_CONFIGS`` instead, and the
 server that loads them applies the same numbers (``comfyui_probe`` starts ``tiny_config_patches()``). The Music 3 DAV
@@ -30,6 +31,12 @@ TINY_CONFIGS = {
     "comfy.ldm.minimax.vae.MiniMaxH3VideoVAE": {"ch": 32, "ch_mult": (1, 1, 1, 1, 1, 1), "num_res_blocks": 1},
     "comfy.ldm.minimax.vae.ViT3DDecoder": {"num_layers": 1, "heads": 2, "dim_head": 32},
     "comfy.ldm.minimax.audio_vae.MiniMaxH3AudioVAE": {"encoder_dim": 4, "latent_dim": 64, "decoder_dim": 128},
+    # the H3 text encoder keeps its 50 layers (ComfyUI detects it by layer 49), its vocabulary (the vision markers'
+    # ids) and its head size (the MRoPE sections are a class attribute); the tower keeps its patch and merge sizes
+    "comfy.text_encoders.llama.Qwen3VL_32BConfig": {"hidden_size": 32, "intermediate_size": 64,
+                                                    "num_attention_heads": 2, "num_key_value_heads": 1},
+    "comfy.text_encoders.qwen3vl.QWEN3VL_VISION": {
+        "qwen3vl_32b": {"hidden_size": 64, "intermediate_size": 128, "depth": 3, "deepstack_visual_indexes": [0, 1, 2]}},
 }
 MUSIC3_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_int8_convrot.safetensors"
 MUSIC3_DAV_FILE = "minimax_music3_dav.safetensors"
@@ -133,6 +140,15 @@ def h3_dit(generator: torch.Generator) -> dict:
     with torch.device("meta"):
         model = MiniMaxH3Model(**H3_TINY_DIT, dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init)
     return random_state_dict(model, torch.bfloat16, generator)
+
+
+def h3_text_encoder(generator: torch.Generator) -> dict:
+    """The converted checkpoint's layout (``model.*`` language model, ``visual.*`` tower, no lm_head), tiny."""
+    from comfy.text_encoders import minimax
+
+    with tiny_configs(), torch.device("meta"):
+        model = minimax.MiniMaxH3TEModel(device="meta", dtype=torch.bfloat16)
+    return random_state_dict(model.qwen3vl_32b.transformer, torch.bfloat16, generator)
 
 
 def h3_video_vae(generator: torch.Generator) -> dict:

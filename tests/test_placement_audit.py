@@ -13,23 +13,28 @@ from minimax_hotfix.diagnostics import placement_audit
 from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full", "dynamic")
-# the slowest models on FakeTensors (~7,000 ops per call; two 36-layer forwards per call): fewer loads, the doctor's
-# run has all budgets
-BUDGETS_BY_MODEL = {"H3 audio VAE": ("none",), "Music 3 text encoder (AR)": ("none", "full", "dynamic")}
+# the slowest models on FakeTensors (~7,000 ops per call; 50-layer and two 36-layer forwards per call): fewer loads,
+# the doctor's run has all budgets. No "full" for them: a full load leaves no model tensor on the offload device, so
+# it can only show a stray input, which every other budget shows too (~60 s of CI for no information)
+BUDGETS_BY_MODEL = {"H3 audio VAE": ("none",), "Music 3 text encoder (AR)": ("none", "dynamic"),
+                    "H3 DiT": ("none", "50%", "dynamic"), "H3 text encoder: language model": ("none", "50%", "dynamic")}
 ALL_MODELS = {"H3 DiT", "H3 video VAE decoder", "H3 video VAE encoder", "H3 audio VAE",
               "H3 text encoder: Qwen3-VL vision tower", "H3 text encoder: language model",
               "Music 3 text encoder (AR)", "Music 3 DiT", "Music 3 DAV"}
 H3_VIDEO_VAE = {"H3 video VAE decoder", "H3 video VAE encoder"}
-H3_TEXT_ENCODER = {"H3 text encoder: Qwen3-VL vision tower", "H3 text encoder: language model"}
 # per simulated core: the models its overlays can change (the others run the 0.33.0 code the main run audits) and the
 # budgets; None is the core under test in CI's ComfyUI run (0.33.0)
 CORE_MODELS = {
     None: (ALL_MODELS, BUDGETS),
     "0.36/0.37 VAE": (H3_VIDEO_VAE, BUDGETS),  # vae.py
     "fixed VAE": (H3_VIDEO_VAE, BUDGETS),  # vae.py
-    "post-#15861 Music 3": ({"Music 3 text encoder (AR)", "H3 text encoder: language model"}, BUDGETS),  # llama.py, ar.py
-    "0.38 Qwen3-VL": (H3_TEXT_ENCODER, BUDGETS),  # qwen35.py (the tower; the language model is the tower's CLIP model)
-    "fixed int8": (ALL_MODELS, ("none",)),  # ops.py: every model's layers, all cast at the none budget
+    # llama.py, ar.py; the partial load that leaves most behind and the dynamic one (the two slowest models)
+    "post-#15861 Music 3": ({"Music 3 text encoder (AR)", "H3 text encoder: language model"}, ("none", "dynamic")),
+    # qwen35.py holds the tower only: the language model runs 0.33.0's llama.py and qwen3vl.py there
+    "0.38 Qwen3-VL": ({"H3 text encoder: Qwen3-VL vision tower"}, BUDGETS),
+    # ops.py: every model's layers, all cast at the none budget; the H3 language model's layers are llama.py's Linear,
+    # RMSNorm and Embedding, as the Music 3 AR's
+    "fixed int8": (ALL_MODELS - {"H3 text encoder: language model"}, ("none",)),
 }
 # what the audit must find with the pack off, per core (a red control for the audit itself)
 ON_0_33_0 = {("H3 text encoder: Qwen3-VL vision tower", "none"): "host build",
@@ -99,10 +104,11 @@ def test_full_load_has_nothing_to_report(audited):
 
 
 def test_peak_memory_is_far_below_the_weights(audited):
-    """Full-size weights are FakeTensors: the H3 VAE alone is ~9.7 GB in float32, the process stays near its imports."""
+    """Full-size weights are FakeTensors: the process stays near its imports and below what one call of one model
+    casts (the H3 VAE alone is ~9.7 GB in float32; on the 0.38 core, whose only model is the vision tower, 1.19 GB)."""
     casts = max(row.weight_cast_bytes for row in audited if not row.not_audited)
-    assert casts > 4e9
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < 3e9
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert peak < min(casts, 3e9)
 
 
 def test_main_prints_json_and_exits_clean(audited, monkeypatch, capsys):
