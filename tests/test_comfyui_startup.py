@@ -37,9 +37,15 @@ before = set(sys.modules)
 assert asyncio.run(nodes.load_custom_node(sys.argv[1], ignore=stock)), "ComfyUI failed to load the pack"
 print("NODES", sorted(set(nodes.NODE_CLASS_MAPPINGS) - stock))
 pack = os.path.realpath(sys.argv[1])
-print("STARTUP", sorted({os.path.relpath(m.__file__, pack) for name, m in list(sys.modules.items())
-                        if name not in before and getattr(m, "__file__", None)
-                        and os.path.realpath(m.__file__).startswith(pack + os.sep)}))
+top = next(n for n, m in sys.modules.items() if getattr(m, "__file__", None) == os.path.join(sys.argv[1], "__init__.py"))
+
+
+def pack_files(names):  # the pack's own modules, by module name: a virtual environment in its folder is not it
+    return sorted({os.path.relpath(os.path.realpath(sys.modules[n].__file__), pack) for n in names
+                   if (n == top or n.startswith(top + ".")) and getattr(sys.modules[n], "__file__", None)})
+
+
+print("STARTUP", pack_files(set(sys.modules) - before))
 import minimax_hotfix
 print("ATTACHED", minimax_hotfix.attach_to_transformers_model(torch.nn.Linear(2, 2)))
 """
@@ -47,10 +53,8 @@ print("ATTACHED", minimax_hotfix.attach_to_transformers_model(torch.nn.Linear(2,
 
 def load_in_comfyui(pack: Path, after: str = "") -> subprocess.CompletedProcess:
     """``LOAD``, then ``after``, printing the pack modules ``after`` imported as ``LATER [...]``."""
-    code = LOAD + (f"loaded = set(sys.modules)\n{after}\n"
-                   "print('LATER', sorted(os.path.relpath(m.__file__, pack) for n, m in list(sys.modules.items()) "
-                   "if n not in loaded and getattr(m, '__file__', None) and "
-                   "os.path.realpath(m.__file__).startswith(pack + os.sep)))\n" if after else "")
+    code = LOAD + (f"loaded = set(sys.modules)\n{after}\nprint('LATER', pack_files(set(sys.modules) - loaded))\n"
+                   if after else "")
     return subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True, text=True, timeout=600)
 
 
