@@ -38,7 +38,7 @@ _fixes: dict[str, Fix] | None = None  # every fix, once all_fixes() has imported
 _loaded: dict[str, Fix] = {}  # the fixes imported so far, by module name (= fix id)
 _detected: dict[str, Status] = {}
 _broken_modules: dict[str, str] = {}
-_reported_unknown_ids: set[str] = set()
+_checked_ids: set[str] = set()  # off-switch ids already checked against the fixes (and logged if unknown)
 
 
 def fix_module_names() -> list[str]:
@@ -94,10 +94,13 @@ def key_for(fix: Fix) -> str:
 def disabled_ids() -> set[str]:
     """The ids named by the off switch, lower-cased; an unknown one is logged once with the known ids."""
     named = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
+    not_yet_checked = named - {"all"} - _checked_ids
+    if not not_yet_checked:  # the common case, on every wrapped call: no scan of patches/
+        return named
+    _checked_ids.update(not_yet_checked)
     known = {fix_id.lower() for fix_id in (fix_module_names() if _fixes is None else _fixes)}
-    unknown = sorted(named - known - {"all"} - _reported_unknown_ids)
+    unknown = sorted(not_yet_checked - known)
     if unknown:
-        _reported_unknown_ids.update(unknown)
         log.warning("MiniMax Hotfix: %s names no known fix: %s (known ids: %s, or all)", DISABLE_ENV,
                     ", ".join(unknown), ", ".join(sorted(known)))
     return named

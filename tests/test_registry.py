@@ -231,7 +231,7 @@ def test_the_off_switch_ignores_case(monkeypatch, registry, switch):
 
 def test_an_unknown_id_in_the_off_switch_is_logged_once_with_the_known_ids(monkeypatch, registry, caplog):
     (fix,) = registry(CountingFix())
-    monkeypatch.setattr(pack_registry, "_reported_unknown_ids", set())
+    monkeypatch.setattr(pack_registry, "_checked_ids", set())
     monkeypatch.setenv(pack_registry.DISABLE_ENV, "test_countin, all_fixes")
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
         for _ in range(3):
