@@ -47,6 +47,6 @@ def register_swap_route() -> None:
             changes = tool.swap(workflow, reverse=reverse, only=body.get("only"))
         except (ValueError, tool.WorkflowError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        kept = [f"node {node.get('id')} ({node.get('type')})" for node in changes.left]
+        kept = [f"node {node.get('id')} ({node.get('type')})" for node in changes.kept]
         return web.json_response({"workflow": workflow, "changed": bool(changes), "summary": changes.summary(reverse),
                                   "warnings": changes.warnings, "kept": kept})

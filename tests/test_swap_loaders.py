@@ -290,8 +290,9 @@ def test_command_line_to_standard_output(tmp_path):
     ("[1, 2]", "unrecognised format"),
     ('{"last_node_id": 3}', "unrecognised format"),
     ('{"1": {"inputs": {}}}', "unrecognised format"),
-    ('{"nodes": [{"id": 1}]}', 'a node without a "type"'),
-    ('{"nodes": [{"id": 7, "type": "VAELoader", "properties": null}]}', 'node 7 has "properties" that is not an object'),
+    ('{"nodes": [{"id": 1}]}', 'malformed UI workflow: node 1: "type" is null, expected a string'),
+    ('{"nodes": [{"id": 7, "type": "VAELoader", "properties": null}]}',
+     'malformed UI workflow: node 7: "properties" is null, expected an object'),
 ])
 def test_command_line_fails_clearly_on_bad_input(tmp_path, content, message):
     source = tmp_path / "bad.json"

@@ -105,7 +105,7 @@ class Changes:
     swapped: list = field(default_factory=list)  # loaders whose type changed, as they are now
     inserted: list = field(default_factory=list)  # (Apply node, the node it follows)
     removed: list = field(default_factory=list)  # (Apply node removed, the node it followed)
-    left: list = field(default_factory=list)  # pack nodes the reverse keeps: not inserted by this tool
+    kept: list = field(default_factory=list)  # pack nodes the reverse keeps: not inserted by this tool
     warnings: list = field(default_factory=list)
 
     def __bool__(self):
@@ -144,37 +144,213 @@ def workflow_format(doc) -> str:
     )
 
 
+# ---- validation: everything the swap and the reverse read, checked before either changes anything ----
+
+MAX_DEPTH = 200  # JSON nesting levels; ComfyUI's workflows have under 30, subgraphs nested ten deep included
+LINK_FIELDS = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
+
+
+def _kind(value) -> str:
+    """A JSON value's type, as an error message names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def _is_slot(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _Checker:
+    """Raises WorkflowError as ``<label>: <where>: <what> is <found>, expected <expected>``."""
+
+    def __init__(self, label: str):
+        self.label = label
+
+    def fail(self, where: str, what: str, found: str, expected: str):
+        raise WorkflowError(f"{self.label}: {where}: {what} is {found}, expected {expected}")
+
+    def require(self, ok: bool, where: str, what: str, value, expected: str) -> None:
+        if not ok:
+            self.fail(where, what, _kind(value), expected)
+
+    def optional_list(self, holder: dict, key: str, where: str) -> list:
+        """``holder[key]`` where it is a list; [] where it is absent or null."""
+        value = holder.get(key)
+        self.require(value is None or isinstance(value, list), where, f'"{key}"', value, "a list")
+        return value or []
+
+
+def _check_depth(doc) -> None:
+    """Without recursion: a document too deep for the swap's own recursion (copies, subgraphs) stops here."""
+    pending = [(doc, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_DEPTH:
+            raise WorkflowError(f"nested more than {MAX_DEPTH} levels deep; no ComfyUI workflow is")
+        children = value.values() if isinstance(value, dict) else value
+        pending += [(child, depth + 1) for child in children if isinstance(child, (dict, list))]
+
+
+def _check_ui_node(check: _Checker, node, prefix: str, index: int, in_group: bool, reverse: bool) -> None:
+    """``prefix``: where the node list is ("" at the top level, "subgraph <id>, ", "group node <name>, ")."""
+    where = f"{prefix}nodes[{index}]"
+    check.require(isinstance(node, dict), where, "the node", node, "an object")
+    if not in_group:  # a group node's nodes have an index instead
+        check.require(_is_id(node.get("id")), where, '"id"', node.get("id"), "a number or a string")
+        where = f"{prefix}node {node['id']}"
+    check.require(isinstance(node.get("type"), str), where, '"type"', node.get("type"), "a string")
+    properties = node.get("properties", {})
+    check.require(isinstance(properties, dict), where, '"properties"', properties, "an object")
+    original = properties.get(ORIGINAL_KEY)
+    check.require(original is None or isinstance(original, dict), where, f'"properties.{ORIGINAL_KEY}"', original,
+                  "an object or null")
+    if reverse and INSERTED_KEY in properties:
+        _check_marker(check, properties[INSERTED_KEY], where, f'"properties.{INSERTED_KEY}"', with_counters=True)
+    for slot_index, slot in enumerate(check.optional_list(node, "inputs", where)):
+        at = f'"inputs"[{slot_index}]'
+        check.require(isinstance(slot, dict), where, at, slot, "an object")
+        check.require(slot.get("link") is None or _is_id(slot["link"]), where, f'{at}.link', slot.get("link"),
+                      "a link id or null")
+        check.require(not isinstance(slot.get("type"), (dict, list)), where, f"{at}.type", slot.get("type"),
+                      "a string")
+    for slot_index, slot in enumerate(check.optional_list(node, "outputs", where)):
+        at = f'"outputs"[{slot_index}]'
+        check.require(isinstance(slot, dict), where, at, slot, "an object")
+        check.require(not isinstance(slot.get("type"), (dict, list)), where, f"{at}.type", slot.get("type"),
+                      "a string")
+        for link_index, link_id in enumerate(check.optional_list(slot, "links", f"{where}, {at}")):
+            check.require(_is_id(link_id), where, f"{at}.links[{link_index}]", link_id, "a link id")
+
+
+def _check_marker(check: _Checker, marker, where: str, what: str, with_counters: bool) -> None:
+    """The inserted Apply node's marker: ``{"after": [node id, output slot], "counters": {name: [node, link]}}``."""
+    check.require(isinstance(marker, dict), where, what, marker, "an object")
+    after = marker.get("after")
+    check.require(isinstance(after, list) and len(after) == 2 and _is_id(after[0]) and _is_slot(after[1]), where,
+                  f"{what[:-1]}.after\"", after, "[node id, output slot]")
+    if not with_counters:
+        return
+    counters = marker.get("counters", {})
+    check.require(isinstance(counters, dict), where, f'{what[:-1]}.counters"', counters, "an object")
+    for name, pair in counters.items():
+        check.require(isinstance(pair, list) and len(pair) == 2 and all(
+            value is None or (isinstance(value, int) and not isinstance(value, bool)) for value in pair),
+            where, f'{what[:-1]}.counters.{name}"', pair, "[last node id, last link id]")
+
+
+def _check_ui_link(check: _Checker, link, where: str) -> None:
+    if isinstance(link, list):
+        if len(link) < len(LINK_FIELDS):
+            check.fail(where, "the link", f"a list of {len(link)}", f"{len(LINK_FIELDS)}: " + ", ".join(LINK_FIELDS))
+        values = dict(zip(LINK_FIELDS, link))
+    else:
+        check.require(isinstance(link, dict), where, "the link", link, "a list or an object")
+        missing = [name for name in LINK_FIELDS if name not in link]
+        if missing:
+            check.fail(where, f'"{missing[0]}"', "missing", "a link with " + ", ".join(LINK_FIELDS))
+        values = link
+    for name in ("id", "origin_id", "target_id"):
+        check.require(_is_id(values[name]), where, f'"{name}"', values[name], "a number or a string")
+    for name in ("origin_slot", "target_slot"):
+        check.require(isinstance(values[name], int) and not isinstance(values[name], bool), where, f'"{name}"',
+                      values[name], "a number")
+    check.require(not isinstance(values["type"], (dict, list)), where, '"type"', values["type"], "a string")
+
+
+def _check_ui(doc: dict, reverse: bool) -> None:
+    check = _Checker("malformed UI workflow")
+    pending = [(doc, "")]
+    while pending:
+        graph, name = pending.pop()
+        prefix = f"{name}, " if name else ""
+        for index, node in enumerate(check.optional_list(graph, "nodes", name or "top level")):
+            _check_ui_node(check, node, prefix, index, in_group=False, reverse=reverse)
+        for index, link in enumerate(check.optional_list(graph, "links", name or "top level")):
+            _check_ui_link(check, link, f"{prefix}links[{index}]")
+        definitions = graph.get("definitions")
+        if definitions is None:
+            continue
+        check.require(isinstance(definitions, dict), name or "top level", '"definitions"', definitions, "an object")
+        for index, subgraph in enumerate(check.optional_list(definitions, "subgraphs", name or "top level")):
+            at = f"{prefix}definitions.subgraphs[{index}]"
+            check.require(isinstance(subgraph, dict), at, "the subgraph", subgraph, "an object")
+            check.require(_is_id(subgraph.get("id")), at, '"id"', subgraph.get("id"), "a string")
+            check.require(isinstance(subgraph.get("nodes"), list), f"subgraph {subgraph['id']}", '"nodes"',
+                          subgraph.get("nodes"), "a list")
+            pending.append((subgraph, f"subgraph {subgraph['id']}"))
+    extra = doc.get("extra")
+    group_nodes = extra.get("groupNodes") if isinstance(extra, dict) else None
+    if group_nodes is None:
+        return
+    check.require(isinstance(group_nodes, dict), "extra", '"groupNodes"', group_nodes, "an object")
+    for group_name, group in group_nodes.items():
+        where = f"group node {group_name}"
+        check.require(isinstance(group, dict), where, "the group", group, "an object")
+        for index, node in enumerate(check.optional_list(group, "nodes", where)):
+            _check_ui_node(check, node, f"{where}, ", index, in_group=True, reverse=reverse)
+
+
+def _check_api(doc: dict, reverse: bool) -> None:
+    check = _Checker("malformed API workflow")
+    for node_id, node in doc.items():
+        where = f"node {node_id}"
+        for key in ("inputs", "_meta"):
+            check.require(node.get(key) is None or isinstance(node[key], dict), where, f'"{key}"', node.get(key),
+                          "an object")
+        if reverse and INSERTED_KEY in (node.get("_meta") or {}):
+            _check_marker(check, node["_meta"][INSERTED_KEY], where, f'"_meta.{INSERTED_KEY}"', with_counters=False)
+
+
+def _check_only(only, workflow: str, reverse: bool) -> None:
+    check = _Checker("bad \"only\"")
+    if only is None:
+        return
+    if workflow != "ui" or reverse:
+        raise WorkflowError('"only" names one node to swap in a UI-format workflow; it does not go with an API-format '
+                            "workflow or the reverse")
+    check.require(isinstance(only, dict), "only", "it", only, '{"graph": subgraph id or null, "node": node id}')
+    check.require(_is_id(only.get("node")), "only", '"node"', only.get("node"), "a node id")
+    check.require(only.get("graph") is None or _is_id(only["graph"]), "only", '"graph"', only.get("graph"),
+                  "a subgraph id or null")
+
+
+def validate(doc, reverse: bool = False, only=None) -> str:
+    """``"ui"`` or ``"api"`` for a document that ``swap(doc, reverse, only=only)`` can work on; WorkflowError naming
+    what is wrong and where (node, link, subgraph, field) for anything else. ``swap()`` calls it before it changes
+    anything, so a document it refuses is left as it was."""
+    _check_depth(doc)
+    workflow = workflow_format(doc)
+    (_check_ui if workflow == "ui" else _check_api)(doc, reverse)
+    _check_only(only, workflow, reverse)
+    return workflow
+
+
 def _graphs(graph: dict):
-    """The graph and every subgraph definition below it, however deeply nested."""
+    """The graph and every subgraph definition below it, however deeply nested (of a validated document)."""
     yield graph
-    definitions = graph.get("definitions")
-    for subgraph in definitions.get("subgraphs", []) if isinstance(definitions, dict) else []:
-        if isinstance(subgraph, dict):
-            yield from _graphs(subgraph)
+    for subgraph in (graph.get("definitions") or {}).get("subgraphs") or []:
+        yield from _graphs(subgraph)
 
 
 def _group_nodes(doc: dict) -> list[dict]:
     extra = doc.get("extra")
     group_nodes = extra.get("groupNodes") if isinstance(extra, dict) else None
-    found = []
-    for group in group_nodes.values() if isinstance(group_nodes, dict) else []:
-        if isinstance(group, dict):
-            found += group.get("nodes") or []
-    return found
+    return [node for group in (group_nodes or {}).values() for node in group.get("nodes") or []]
 
 
 def ui_nodes(doc: dict) -> list[dict]:
-    """Every node of a UI-format workflow: top level, subgraphs, and legacy group nodes (``extra.groupNodes``)."""
-    found = []
-    for graph in _graphs(doc):
-        found += graph.get("nodes") or []
-    found += _group_nodes(doc)
-    for node in found:
-        if not isinstance(node, dict) or not isinstance(node.get("type"), str):
-            raise WorkflowError(f"malformed UI workflow: a node without a \"type\" string: {str(node)[:80]}")
-        if not isinstance(node.get("properties", {}), dict):
-            raise WorkflowError(f"malformed UI workflow: node {node.get('id')} has \"properties\" that is not an object")
-    return found
+    """Every node of a validated UI-format workflow: top level, subgraphs, and legacy group nodes
+    (``extra.groupNodes``)."""
+    return [node for graph in _graphs(doc) for node in graph.get("nodes") or []] + _group_nodes(doc)
 
 
 # ---- stock loaders, in place ----
@@ -186,7 +362,7 @@ def _core_version(nodes: list[dict]):
         for node in nodes
         if isinstance(node.get("properties"), dict)
         and node["properties"].get("cnr_id") == CORE_CNR_ID
-        and "ver" in node["properties"]
+        and isinstance(node["properties"].get("ver"), str)
     )
     return versions.most_common(1)[0][0] if versions else None
 
@@ -248,7 +424,7 @@ class _Links:
     """One graph's links, whichever form they take: arrays at the top level of schema 0.4
     ``[id, origin_id, origin_slot, target_id, target_slot, type]``, objects in subgraphs and schema 1."""
 
-    FIELDS = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
+    FIELDS = LINK_FIELDS
 
     def __init__(self, graph: dict, root: bool):
         self.items = graph.setdefault("links", [])
@@ -274,45 +450,41 @@ class _Links:
         self.items[:] = [link for link in self.items if self.get(link, "id") != link_id]
 
 
-def _counters(doc: dict) -> list[tuple[dict, str, str]]:
-    """(holder, node-id key, link-id key) of every id counter: ComfyUI's frontend shares one state between the
-    root graph and its subgraphs, so node and link ids are unique across all of them."""
+def _counters(doc: dict) -> list[tuple[str, dict, str, str]]:
+    """(name, holder, node-id key, link-id key) of every id counter: ComfyUI's frontend shares one state between the
+    root graph and its subgraphs, so node and link ids are unique across all of them. The name, under which an
+    inserted node's marker records the counter: "root" for the top level's ``last_node_id``/``last_link_id``,
+    "state" for the top level's ``state``, the subgraph id (as a string) for a subgraph's ``state``."""
     found = []
     if "last_node_id" in doc or "last_link_id" in doc:
-        found.append((doc, "last_node_id", "last_link_id"))
+        found.append(("root", doc, "last_node_id", "last_link_id"))
     for graph in _graphs(doc):
         if isinstance(graph.get("state"), dict):
-            found.append((graph["state"], "lastNodeId", "lastLinkId"))
+            found.append(("state" if graph is doc else str(graph.get("id")), graph["state"], "lastNodeId",
+                          "lastLinkId"))
     return found
 
 
 def _counter_values(doc: dict) -> dict:
-    """{graph id or "": [last node id, last link id]} for the counters present."""
-    values = {}
-    for graph in _graphs(doc):
-        key = "" if graph is doc else str(graph.get("id"))
-        if graph is doc and ("last_node_id" in doc or "last_link_id" in doc):
-            values["root"] = [doc.get("last_node_id"), doc.get("last_link_id")]
-        if isinstance(graph.get("state"), dict):
-            values[key or "state"] = [graph["state"].get("lastNodeId"), graph["state"].get("lastLinkId")]
-    return values
+    """{counter name (see ``_counters``): [last node id, last link id]} for the counters present."""
+    return {name: [holder.get(node_key), holder.get(link_key)] for name, holder, node_key, link_key in _counters(doc)}
 
 
 def _set_counter_values(doc: dict, values: dict) -> None:
-    for graph in _graphs(doc):
-        key = "" if graph is doc else str(graph.get("id"))
-        if graph is doc and "root" in values:
-            for name, value in zip(("last_node_id", "last_link_id"), values["root"]):
-                if name in doc:
-                    doc[name] = value
-        if isinstance(graph.get("state"), dict) and (key or "state") in values:
-            for name, value in zip(("lastNodeId", "lastLinkId"), values[key or "state"]):
-                if name in graph["state"]:
-                    graph["state"][name] = value
+    for name, holder, node_key, link_key in _counters(doc):
+        for key, value in zip((node_key, link_key), values.get(name, ())):
+            if key in holder:
+                holder[key] = value
 
 
 def _numeric(value) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _number(value) -> float:
+    """A position or size coordinate; 0 for anything that is not a finite number."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf") \
+        else 0
 
 
 class _Ids:
@@ -321,10 +493,10 @@ class _Ids:
     def __init__(self, doc: dict):
         self.doc = doc
         self.node = max([0] + [_numeric(node.get("id")) for graph in _graphs(doc) for node in graph.get("nodes", [])]
-                        + [_numeric(holder.get(key)) for holder, key, _ in _counters(doc)])
+                        + [_numeric(holder.get(key)) for _, holder, key, _ in _counters(doc)])
         self.link = max([0] + [_numeric(link["id"] if isinstance(link, dict) else link[0])
                                for graph in _graphs(doc) for link in graph.get("links") or []]
-                        + [_numeric(holder.get(key)) for holder, _, key in _counters(doc)])
+                        + [_numeric(holder.get(key)) for _, holder, _, key in _counters(doc)])
 
     def next_node(self) -> int:
         self.node += 1
@@ -337,7 +509,7 @@ class _Ids:
         return self.link
 
     def _store(self) -> None:
-        for holder, node_key, link_key in _counters(self.doc):
+        for _, holder, node_key, link_key in _counters(self.doc):
             if node_key in holder:
                 holder[node_key] = self.node
             if link_key in holder:
@@ -404,8 +576,8 @@ def _insert_ui_apply_nodes(doc: dict, version: str, chosen) -> tuple[list, list]
 
 def _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers, version, counters):
     pos, size = source.get("pos"), source.get("size")
-    x, y = (pos[0], pos[1]) if isinstance(pos, list) and len(pos) >= 2 else (0, 0)
-    width = size[0] if isinstance(size, list) and size else 0
+    x, y = (_number(pos[0]), _number(pos[1])) if isinstance(pos, list) and len(pos) >= 2 else (0, 0)
+    width = _number(size[0]) if isinstance(size, list) and size else 0
     return {
         "id": apply_id,
         "type": apply_type,
@@ -432,7 +604,9 @@ def _remove_ui_apply_nodes(doc: dict) -> tuple[list, list]:
             source = nodes.get(source_id)
             in_link = (apply.get("inputs") or [{}])[0].get("link")
             by_id = links.by_id()
-            if source is None or in_link not in by_id or in_link not in (source["outputs"][slot].get("links") or []):
+            source_outputs = (source or {}).get("outputs") or []
+            if (source is None or slot >= len(source_outputs) or not apply.get("outputs") or in_link not in by_id
+                    or in_link not in (source_outputs[slot].get("links") or [])):
                 warnings.append(f"node {apply['id']} ({apply['type']}) is no longer connected to node {source_id}: "
                                 "left as it is")
                 continue
@@ -455,6 +629,12 @@ def _remove_ui_apply_nodes(doc: dict) -> tuple[list, list]:
     return removed, warnings
 
 
+def _earliest(counters):
+    """The first of counter values recorded by successive swaps: the smallest, or null where one recorded null
+    (the counter was null before the first swap)."""
+    return min(counters, key=lambda value: (value is not None, value or 0))
+
+
 def _restore_counters(doc: dict, markers: list, last_node: int, last_link: int) -> None:
     """Puts back the id counters of before the swap, where nothing was added since (they still end at the ids
     the swap allocated)."""
@@ -464,8 +644,8 @@ def _restore_counters(doc: dict, markers: list, last_node: int, last_link: int) 
         before = [marker["counters"][key] for marker in markers if key in marker.get("counters", {})]
         if not before:
             continue
-        restored[key] = [min(b[0] for b in before) if node_counter == last_node else node_counter,
-                         min(b[1] for b in before) if link_counter == last_link else link_counter]
+        restored[key] = [_earliest(b[0] for b in before) if node_counter == last_node else node_counter,
+                         _earliest(b[1] for b in before) if link_counter == last_link else link_counter]
     _set_counter_values(doc, restored)
 
 
@@ -504,7 +684,7 @@ def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
                          if doc[cid]["class_type"] != apply_type]
             if not consumers:
                 continue
-            apply_id = str(max([0] + [int(key) for key in doc if str(key).isdigit()]) + 1)
+            apply_id = str(max([0] + [int(key) for key in doc if re.fullmatch("[0-9]+", str(key))]) + 1)
             for consumer_id, name in consumers:
                 doc[consumer_id]["inputs"][name] = [apply_id, 0]
             apply = {"inputs": {input_name: [node_id, slot]}, "class_type": apply_type,
@@ -543,15 +723,16 @@ def _chosen_node(doc: dict, only: dict):
 
 def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None = None) -> Changes:
     """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns what changed. ``only``
-    (UI format, swap only) limits the swap to one node: ``{"graph": subgraph id or None, "node": node id}``."""
+    (UI format, swap only) limits the swap to one node: ``{"graph": subgraph id or None, "node": node id}``.
+    A document or ``only`` that ``validate`` refuses raises WorkflowError before anything changes."""
     changes = Changes()
-    if workflow_format(doc) == "api":
+    if validate(doc, reverse, only) == "api":
         if reverse:
             changes.removed = _remove_api_apply_nodes(doc)
             changes.swapped = [node for node in doc.values() if node["class_type"] in PACK_TO_STOCK]
             for node in changes.swapped:
                 node["class_type"] = PACK_TO_STOCK[node["class_type"]]
-            changes.left = [{"id": key, **node} for key, node in doc.items()
+            changes.kept = [{"id": key, **node} for key, node in doc.items()
                             if node["class_type"].startswith(RULES["pack_node_prefix"])]
         else:
             changes.swapped = [node for node in doc.values() if node["class_type"] in STOCK_TO_PACK]
@@ -566,10 +747,10 @@ def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None =
         changes.swapped = [node for node in nodes if node["type"] in PACK_TO_STOCK]
         for node in changes.swapped:
             _reverse_ui_loader(node, core_ver)
-        changes.left = [node for node in ui_nodes(doc) if node["type"].startswith(RULES["pack_node_prefix"])]
+        changes.kept = [node for node in ui_nodes(doc) if node["type"].startswith(RULES["pack_node_prefix"])]
         return changes
     target = _chosen_node(doc, only) if only else None
-    chosen = lambda node: target is None or node is target  # noqa: E731
+    chosen = lambda node: target is None or node is target
     changes.swapped = _swap_ui_loaders(nodes, version, chosen)
     changes.inserted, changes.warnings = _insert_ui_apply_nodes(doc, version, chosen)
     return changes
@@ -591,33 +772,51 @@ def _json_layout(text: str) -> dict:
     return layout
 
 
+BOM = "\ufeff"
+
+
 def render(doc, original_text: str) -> str:
-    text = json.dumps(doc, **_json_layout(original_text))
-    return text + "\n" if original_text.endswith("\n") else text
+    """``doc`` as JSON laid out like ``original_text``: indentation, spacing, escaping, final newline, and the
+    Windows editors' CRLF line ends and UTF-8 byte order mark."""
+    body = original_text.removeprefix(BOM)
+    text = json.dumps(doc, **_json_layout(body))
+    text += "\n" if body.endswith("\n") else ""
+    if "\r\n" in body:
+        text = text.replace("\n", "\r\n")  # json.dumps escapes newlines inside strings: these are all line ends
+    return BOM + text if original_text.startswith(BOM) else text
+
+
+def parse_json(text: str):
+    """The JSON document in ``text`` (a UTF-8 byte order mark allowed); WorkflowError for malformed or too deeply
+    nested JSON."""
+    try:
+        return json.loads(text.removeprefix(BOM))
+    except json.JSONDecodeError as exc:
+        raise WorkflowError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise WorkflowError(f"nested more than {MAX_DEPTH} levels deep; no ComfyUI workflow is") from None
 
 
 def read_workflow(path: Path):
     """(document, text) of a workflow file; WorkflowError naming the file for unreadable or malformed input."""
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkflowError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(f"{path}: cannot read: not UTF-8 text (byte {exc.start}); save the workflow as UTF-8 "
+                            "or export it again from ComfyUI") from None
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise WorkflowError(f"{path}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
-    try:
-        if workflow_format(doc) == "ui":
-            ui_nodes(doc)
+        return parse_json(text), text
     except WorkflowError as exc:
         raise WorkflowError(f"{path}: {exc}") from None
-    return doc, text
 
 
 def write_atomically(path: Path, text: str, force: bool = False) -> None:
     """Writes ``text`` to ``path`` through a temporary file beside the real file (a symlink is followed, not
     replaced), renamed over it: readers see the old or the new file, never half of one. An existing file keeps its
-    mode and owner; a read-only one is refused unless ``force``. Errors name ``path``, never the temporary file."""
+    mode and (POSIX) owner; a read-only one is refused unless ``force``. Errors name ``path``, never the temporary
+    file. Only calls that Windows has, or guarded: Windows' ``os`` has no owner ids (no getuid, chown)."""
     target = Path(os.path.realpath(path))
     try:
         existing = target.stat()
@@ -644,8 +843,9 @@ def write_atomically(path: Path, text: str, force: bool = False) -> None:
             os.chmod(temporary, 0o666 & ~_umask())
         else:
             os.chmod(temporary, stat.S_IMODE(existing.st_mode))
-            if (existing.st_uid, existing.st_gid) != (os.getuid(), os.getgid()):
-                os.chown(temporary, existing.st_uid, existing.st_gid)
+            _keep_owner(temporary, existing)
+            if force and os.name == "nt" and not existing.st_mode & stat.S_IWRITE:
+                os.chmod(target, stat.S_IMODE(existing.st_mode) | stat.S_IWRITE)  # Windows: no rename onto it
         os.replace(temporary, target)
     except OSError as exc:
         os.unlink(temporary)
@@ -653,6 +853,14 @@ def write_atomically(path: Path, text: str, force: bool = False) -> None:
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _keep_owner(temporary: str, existing: os.stat_result) -> None:
+    """Gives the new file the old one's owner (root editing a user's file), where the system has owners."""
+    if not (hasattr(os, "chown") and hasattr(os, "getuid") and hasattr(os, "getgid")):
+        return
+    if (existing.st_uid, existing.st_gid) != (os.getuid(), os.getgid()):
+        os.chown(temporary, existing.st_uid, existing.st_gid)
 
 
 def _umask() -> int:
@@ -671,35 +879,40 @@ def rules_module() -> str:
             f"export const RULES = {json.dumps(RULES, indent=2)};\n")
 
 
-def _say(message: str) -> None:
+def _report(message: str) -> None:
+    """One line on standard error, with the tool's prefix."""
     print(f"{PROG}: {message}", file=sys.stderr)
 
 
 def _process(source: Path, args) -> int:
-    """Swaps one file; returns 0 (done), 1 (error, or --check found something to change)."""
+    """Swaps one file; returns 0 (done, or nothing to change), 1 (an error, or --check found something to change),
+    2 (-o names the input file)."""
     if args.output == "-":
         output = None
     elif args.in_place:
         output = source
     else:
         output = Path(args.output) if args.output else default_output(source, args.reverse)
-        if output.exists() and source.exists() and os.path.samefile(output, source):
-            _say(f"error: {output} is the input file; pass --in-place to overwrite it")
+        if _same_file(output, source):
+            _report(f"error: {output} is the input file; pass --in-place to overwrite it")
             return 2
     try:
         doc, text = read_workflow(source)
-        changes = swap(doc, reverse=args.reverse)
+        try:
+            changes = swap(doc, reverse=args.reverse)
+        except WorkflowError as exc:
+            raise WorkflowError(f"{source}: {exc}") from None
         for warning in changes.warnings:
-            _say(f"warning: {source}: {warning}")
-        if changes.left:
-            names = ", ".join(f"node {_node_id(node)} ({_node_type(node)})" for node in changes.left)
-            _say(f"warning: {source}: kept, not inserted by this tool: {names}; remove them by hand for a workflow "
+            _report(f"warning: {source}: {warning}")
+        if changes.kept:
+            names = ", ".join(f"node {_node_id(node)} ({_node_type(node)})" for node in changes.kept)
+            _report(f"warning: {source}: kept, not inserted by this tool: {names}; remove them by hand for a workflow "
                  "that runs without the pack")
         if args.check:
-            _say(f"{source}: {'would change: ' + changes.summary(args.reverse) if changes else 'nothing to change'}")
+            _report(f"{source}: {'would change: ' + changes.summary(args.reverse) if changes else 'nothing to change'}")
             return 1 if changes else 0
         if not changes:
-            _say(f"{source}: nothing to change; wrote nothing")
+            _report(f"{source}: nothing to change; wrote nothing")
             return 0
         rendered = render(doc, text)
         if output is None:
@@ -707,10 +920,17 @@ def _process(source: Path, args) -> int:
         else:
             write_atomically(output, rendered, force=args.force)
     except WorkflowError as exc:
-        _say(f"error: {exc}")
+        _report(f"error: {exc}")
         return 1
-    _say(f"{source}: {changes.summary(args.reverse)}; wrote {'standard output' if output is None else output}")
+    _report(f"{source}: {changes.summary(args.reverse)}; wrote {'standard output' if output is None else output}")
     return 0
+
+
+def _same_file(output: Path, source: Path) -> bool:
+    try:
+        return output.exists() and source.exists() and os.path.samefile(output, source)
+    except (OSError, ValueError):  # a name too long, or not one the system can take: the read or write will say
+        return False
 
 
 def main(argv=None) -> int:
