@@ -354,7 +354,7 @@ def test_other_loaders_get_the_apply_node_with_every_consumer_rewired(build, exp
         assert apply["properties"]["cnr_id"] == "minimax-hotfix" and apply["properties"]["ver"] == swap_loaders.VERSION
     assert not swap_loaders.swap(copy.deepcopy(swapped)), "a second swap changes nothing"
     reverse = swap_loaders.swap(swapped, reverse=True)
-    assert len(reverse.removed) == len(expected) and not reverse.left
+    assert len(reverse.removed) == len(expected) and not reverse.kept
     assert json.dumps(swapped) == json.dumps(original)
 
 
