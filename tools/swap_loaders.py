@@ -150,7 +150,7 @@ MAX_DEPTH = 200  # JSON nesting levels; ComfyUI's workflows have under 30, subgr
 LINK_FIELDS = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
 
 
-def _kind(value) -> str:
+def json_type_name(value) -> str:
     """A JSON value's type, as an error message names it."""
     if value is None:
         return "null"
@@ -180,7 +180,7 @@ class _Checker:
 
     def require(self, ok: bool, where: str, what: str, value, expected: str) -> None:
         if not ok:
-            self.fail(where, what, _kind(value), expected)
+            self.fail(where, what, json_type_name(value), expected)
 
     def optional_list(self, holder: dict, key: str, where: str) -> list:
         """``holder[key]`` where it is a list; [] where it is absent or null."""
@@ -311,16 +311,18 @@ def _check_api(doc: dict, reverse: bool) -> None:
 
 
 def _check_only(only, workflow: str, reverse: bool) -> None:
-    check = _Checker("bad \"only\"")
     if only is None:
         return
     if workflow != "ui" or reverse:
         raise WorkflowError('"only" names one node to swap in a UI-format workflow; it does not go with an API-format '
                             "workflow or the reverse")
-    check.require(isinstance(only, dict), "only", "it", only, '{"graph": subgraph id or null, "node": node id}')
-    check.require(_is_id(only.get("node")), "only", '"node"', only.get("node"), "a node id")
-    check.require(only.get("graph") is None or _is_id(only["graph"]), "only", '"graph"', only.get("graph"),
-                  "a subgraph id or null")
+    if not isinstance(only, dict):
+        raise WorkflowError(f'"only" is {json_type_name(only)}, expected {{"graph": subgraph id or null, '
+                            '"node": node id}')
+    if not _is_id(only.get("node")):
+        raise WorkflowError(f'"only.node" is {json_type_name(only.get("node"))}, expected a node id')
+    if not (only.get("graph") is None or _is_id(only["graph"])):
+        raise WorkflowError(f'"only.graph" is {json_type_name(only["graph"])}, expected a subgraph id or null')
 
 
 def validate(doc, reverse: bool = False, only=None) -> str:
@@ -786,11 +788,15 @@ def render(doc, original_text: str) -> str:
     return BOM + text if original_text.startswith(BOM) else text
 
 
-def parse_json(text: str):
+def parse_json(text: str, allow_nan: bool = True):
     """The JSON document in ``text`` (a UTF-8 byte order mark allowed); WorkflowError for malformed or too deeply
-    nested JSON."""
+    nested JSON, and without ``allow_nan`` for NaN and Infinity, which Python writes and browsers cannot read."""
+
+    def no_constant(name):
+        raise WorkflowError(f"{name} is not a JSON number")
+
     try:
-        return json.loads(text.removeprefix(BOM))
+        return json.loads(text.removeprefix(BOM), **({} if allow_nan else {"parse_constant": no_constant}))
     except json.JSONDecodeError as exc:
         raise WorkflowError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
