@@ -11,7 +11,7 @@ import copy
 import nodes as comfy_nodes
 
 from .. import registry
-from ..registry.contract import Target
+from ..registry.contract import Target, log
 
 CATEGORY = "MiniMax Hotfix"
 
@@ -69,6 +69,10 @@ class _ApplyFixes:
 
     def apply(self, **inputs):
         original = inputs[self.TARGET.value]
+        if not _has_patcher(self.TARGET, original):
+            log.warning("MiniMax Hotfix: %s got a %s, not a ComfyUI %s with a model patcher: passed on unchanged, "
+                        "no fix attached", type(self).__name__, type(original).__name__, self.IO_TYPE)
+            return (original,)
         if self.TARGET is Target.VAE:
             fixed = copy.copy(original)
             fixed.patcher = original.patcher.clone()
@@ -76,6 +80,17 @@ class _ApplyFixes:
             fixed = original.clone()
         registry.attach_fixes(_patcher(self.TARGET, fixed), self.TARGET)
         return (fixed,)
+
+
+PATCHER_METHODS = ("clone", "get_injections", "set_injections", "remove_injections")
+
+
+def _has_patcher(target: Target, obj) -> bool:
+    """Whether ``obj`` carries the ComfyUI patcher the fixes attach to (a third-party node may hand on anything)."""
+    patcher = obj if target is Target.MODEL else getattr(obj, "patcher", None)
+    clones = obj if target is Target.CLIP else patcher
+    return all(callable(getattr(patcher, name, None)) for name in PATCHER_METHODS) and callable(
+        getattr(clones, "clone", None))
 
 
 def _apply_description(io_type: str) -> str:
