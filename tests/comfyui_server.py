@@ -45,9 +45,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def http(url: str, body: dict | None = None):
-    """(status, body bytes) of a GET, or of a POST of ``body`` as JSON; HTTP errors are returned, not raised."""
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+def http(url: str, body: dict | bytes | None = None):
+    """(status, body bytes) of a GET, or of a POST of ``body`` as JSON (bytes: as they are); HTTP errors are
+    returned, not raised."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data,
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:

@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
@@ -27,6 +29,7 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
+from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
 from workflow_api import (FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, load,  # noqa: E402
                           ui_to_api)
 
@@ -155,10 +158,16 @@ def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
 # ---- with a live ComfyUI (COMFYUI_PATH) ----
 
 @pytest.fixture(scope="module")
-def comfy_server(comfyui, tmp_path_factory):
+def comfy_base(tmp_path_factory):
+    """The server's base directory: custom_nodes/, models/, output/ and its log, comfyui.log."""
+    return tmp_path_factory.mktemp("comfy_base")
+
+
+@pytest.fixture(scope="module")
+def comfy_server(comfyui, comfy_base):
     """A ComfyUI server on a free port: this pack, the checkout's own custom nodes and stand-ins for ComfyUI-GGUF,
     empty model folders."""
-    with comfyui_with_pack(Path(comfyui), tmp_path_factory.mktemp("comfy_base")) as server:
+    with comfyui_with_pack(Path(comfyui), comfy_base) as server:
         yield server
 
 
@@ -262,3 +271,97 @@ def test_the_swap_tools_api_loader_table_matches_comfyui(comfy_server):
     core = {name: outputs for name, outputs in swap_loaders.API_LOADER_OUTPUTS.items() if "GGUF" not in name}
     assert {name: object_info[name]["output"] for name in core} == core
     assert object_info["CLIPLoaderGGUF"]["output"] == swap_loaders.API_LOADER_OUTPUTS["CLIPLoaderGGUF"]
+
+
+# ---- the swap route, fuzzed (one server, every request in a row) ----
+
+ROUTE_EXAMPLES = examples(700)
+ROUTE_FIELDS = ("workflow", "reverse", "only")
+
+
+def route_bodies():
+    """Request bodies: a workflow (mutated, generated, any JSON) with right and wrong "reverse" and "only", unknown
+    fields, any JSON value, bytes that are no JSON or no UTF-8."""
+    only = st.none() | st.fixed_dictionaries({"graph": st.none() | st.sampled_from(["sub-1", "x"]),
+                                               "node": st.integers(0, 12) | st.text(max_size=2)}) | json_values
+    requests = st.fixed_dictionaries({"workflow": workflows()}, optional={
+        "reverse": st.booleans() | json_values, "only": only, "revers": st.booleans()})
+    return st.one_of(requests.map(lambda body: json.dumps(body).encode()), json_values.map(lambda v: json.dumps(v).encode()),
+                     st.binary(max_size=40), st.just(b'{"workflow": {"nodes": [], "x": NaN}}'))
+
+
+def library_answer(data: bytes):
+    """What the route must answer, from the swap tool as a library: ("ok", swapped workflow) or ("error", message);
+    None where the request itself is malformed (the route's own 400)."""
+    try:
+        body = swap_loaders.parse_json(data.decode("utf-8"), allow_nan=False)
+    except (UnicodeDecodeError, swap_loaders.WorkflowError):
+        return None
+    if (not isinstance(body, dict) or set(body) - set(ROUTE_FIELDS) or not isinstance(body.get("reverse", False), bool)
+            or "workflow" not in body):
+        return None
+    try:
+        if swap_loaders.workflow_format(body["workflow"]) != "ui":
+            return None
+        swap_loaders.swap(body["workflow"], reverse=body.get("reverse", False), only=body.get("only"))
+    except swap_loaders.WorkflowError as exc:
+        return "error", str(exc)
+    return "ok", body["workflow"]
+
+
+def check_route(url: str, data: bytes) -> None:
+    status, reply = http(url + ROUTE, data)
+    answer = json.loads(reply)
+    expected = library_answer(data)
+    assert status in (200, 400), (status, reply[:300])
+    if status == 400:
+        assert list(answer) == ["error"] and isinstance(answer["error"], str) and answer["error"]
+        assert expected is None or expected == ("error", answer["error"])
+    else:
+        assert expected == ("ok", answer["workflow"])
+        assert sorted(answer) == ["changed", "kept", "summary", "warnings", "workflow"]
+
+
+ROUTE = "/minimax_hotfix/swap"
+ROUTE_CASES = [  # the issue's requests (500 before) and what the fuzzing found, kept explicit
+    (b"[1, 2]", "the request body is a list, expected an object with \"workflow\" (and \"reverse\", \"only\")"),
+    (b'"x"', "the request body is a string, expected an object with \"workflow\" (and \"reverse\", \"only\")"),
+    (b"null", "the request body is null, expected an object with \"workflow\" (and \"reverse\", \"only\")"),
+    (b"{nope", "the request body: malformed JSON at line 1 column 2: Expecting property name enclosed in double quotes"),
+    (b'{"workflow": {"nodes": []}, "only": "x"}',
+     '"only" is a string, expected {"graph": subgraph id or null, "node": node id}'),
+    (b'{"workflow": {"nodes": []}, "reverse": "yes"}', '"reverse" is a string, expected true or false'),
+    (b'{"workflow": {"nodes": [], "definitions": {"subgraphs": [1, "x", {"nodes": 5}]}}}',
+     "malformed UI workflow: definitions.subgraphs[0]: the subgraph is a number, expected an object"),
+    (b'{"workflow": {"nodes": [{"id": [1], "type": "VAELoader"}]}}',
+     'malformed UI workflow: nodes[0]: "id" is a list, expected a number or a string'),
+    (b"{}", '"workflow" is missing, expected a UI-format workflow'),
+    (b'{"workflow": {"1": {"class_type": "VAELoader"}}}',
+     '"workflow" is an API-format workflow, expected a UI-format workflow (what ComfyUI\'s frontend saves)'),
+    (b'{"workflow": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+     "the request body: nested more than 200 levels deep; no ComfyUI workflow is"),
+    (b'{"workflow": {"nodes": [], "x": NaN}}', "the request body: NaN is not a JSON number"),
+    (b'{"workflow": {"nodes": []}, "revers": true}', 'unknown field "revers"; the fields are workflow, reverse, only'),
+    (b"\xff", "the request body is not UTF-8 text (byte 0)"),
+]
+
+
+def test_the_swap_route_answers_400_to_every_request_it_cannot_serve(comfy_server, comfy_base):
+    url, _ = comfy_server
+    for data, message in ROUTE_CASES:
+        assert http(url + ROUTE, data) == (400, json.dumps({"error": message}).encode()), data[:60]
+    oversized = json.dumps({"workflow": {"nodes": [], "pad": "x" * (33 << 20)}}).encode()  # over MAX_BODY_BYTES
+    assert http(url + ROUTE, oversized) == (400, b'{"error": "the request body is larger than 32 MiB"}')
+    assert "Traceback" not in (comfy_base / "comfyui.log").read_text(encoding="utf-8", errors="replace")
+
+
+def test_the_swap_route_fuzzed_answers_as_the_library_and_never_500(comfy_server, comfy_base):
+    url, _ = comfy_server
+
+    @settings(max_examples=ROUTE_EXAMPLES)
+    @given(data=route_bodies())
+    def check(data):
+        check_route(url, data)
+
+    check()
+    assert "Traceback" not in (comfy_base / "comfyui.log").read_text(encoding="utf-8", errors="replace")

@@ -191,7 +191,7 @@ class _Checker:
 
 def _check_depth(doc) -> None:
     """Without recursion: a document too deep for the swap's own recursion (copies, subgraphs) stops here."""
-    pending = [(doc, 1)]
+    pending = [(doc, 1)] if isinstance(doc, (dict, list)) else []
     while pending:
         value, depth = pending.pop()
         if depth > MAX_DEPTH:
@@ -429,7 +429,8 @@ class _Links:
     FIELDS = LINK_FIELDS
 
     def __init__(self, graph: dict, root: bool):
-        self.items = graph.setdefault("links", [])
+        self.graph = graph
+        self.items = graph.get("links") or []  # absent or null: a list once a link is added
         self.objects = any(isinstance(link, dict) for link in self.items) or (not self.items and not root)
 
     def get(self, link, key):
@@ -446,6 +447,7 @@ class _Links:
 
     def add(self, link_id, origin_id, origin_slot, target_id, target_slot, link_type):
         values = (link_id, origin_id, origin_slot, target_id, target_slot, link_type)
+        self.graph["links"] = self.items
         self.items.append(dict(zip(self.FIELDS, values)) if self.objects else list(values))
 
     def remove(self, link_id) -> None:
