@@ -1,7 +1,9 @@
 """The pack loaded the way ComfyUI loads a custom node folder (needs COMFYUI_PATH)."""
 
 import asyncio
+import logging
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,49 @@ def test_inside_comfyui_the_pack_is_importable_as_minimax_hotfix(comfyui):
         "assert callable(minimax_hotfix.attach_to_transformers_model)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+
+
+class _NotAPatcher:
+    """An object with some of a model patcher's methods (a third-party node's wrapper, say), never all."""
+
+    def __init__(self, methods):
+        for name in methods:
+            setattr(self, name, lambda *args, **kwargs: None)
+
+
+def not_models():
+    from hypothesis import strategies as st
+
+    partial = st.sets(st.sampled_from(["clone", "get_injections", "set_injections", "remove_injections"]),
+                      max_size=3).map(_NotAPatcher)
+    return st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=3),
+                     st.dictionaries(st.text(max_size=3), st.integers(), max_size=3), partial,
+                     partial.map(lambda inner: types.SimpleNamespace(patcher=inner, clone=lambda: None)),
+                     st.just(torch.zeros(2)), st.just(types.SimpleNamespace(patcher=None)))
+
+
+@pytest.mark.parametrize("node_id,input_name", [("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip"),
+                                                ("MiniMaxHotfixApplyVAE", "vae")])
+def test_apply_nodes_pass_on_what_is_no_comfyui_model_unchanged_with_one_log_line(comfy_nodes, node_id, input_name):
+    from hypothesis import given, settings
+    from workflow_fuzzing import examples
+
+    node = comfy_nodes.NODE_CLASS_MAPPINGS[node_id]()
+    logger = logging.getLogger("minimax_hotfix")
+
+    @settings(max_examples=examples(60))
+    @given(obj=not_models())
+    def check(obj):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger.addHandler(handler)
+        try:
+            (out,) = node.apply(**{input_name: obj})
+        finally:
+            logger.removeHandler(handler)
+        assert out is obj
+        assert [record.levelno for record in records] == [logging.WARNING]
+        assert "passed on unchanged, no fix attached" in records[0].getMessage()
+
+    check()
