@@ -14,7 +14,6 @@ import stat
 import subprocess
 import sys
 import tomllib
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -24,28 +23,9 @@ sys.path.insert(0, str(TOOL.parent))
 import swap_loaders  # noqa: E402
 from swap_loaders import ATTRIBUTION_KEYS, INSERTED_KEY, ORIGINAL_KEY, PACK_TO_STOCK, STOCK_TO_PACK  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
+from workflow_fuzzing import minimax_templates  # noqa: E402
 
-TEMPLATES = resources.files("comfyui_workflow_templates_json") / "templates"
-MINIMAX_NODE_PREFIXES = ("MiniMaxH3", "EmptyMiniMax", "MiniMaxMusic3")
-
-
-def _minimax_templates():
-    """Every UI-format template whose name says MiniMax or that uses a MiniMax node, at any depth."""
-    found = []
-    for entry in sorted(TEMPLATES.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".json"):
-            continue
-        text = entry.read_text(encoding="utf-8")
-        doc = json.loads(text)
-        if not isinstance(doc, dict) or "nodes" not in doc:
-            continue
-        types = {node["type"] for node in swap_loaders.ui_nodes(doc)}
-        if "minimax" in entry.name.lower() or any(t.startswith(MINIMAX_NODE_PREFIXES) for t in types):
-            found.append((entry.name, text))
-    return found
-
-
-MINIMAX_TEMPLATES = _minimax_templates()
+MINIMAX_TEMPLATES = list(minimax_templates())
 
 
 def _loader_paths(doc):

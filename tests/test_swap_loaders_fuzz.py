@@ -130,7 +130,22 @@ ISSUE_CASES = [  # the inputs the issue names: a traceback each before
      'malformed UI workflow: node 1: "outputs"[0].links[0] is an object, expected a link id'),
     ("nested 5000 levels", DEEP, False, "nested more than 200 levels deep; no ComfyUI workflow is"),
 ]
-FOUND = [  # failures the fuzzing found (a traceback each before), kept as they were found
+FOUND = [  # a traceback each before: one case per class the fuzz property found on the tool before validation
+    ("API _meta a list (reverse)", {"1": {"class_type": "MiniMaxHotfixApplyVAE", "_meta": ["x"]}}, True,
+     'malformed API workflow: node 1: "_meta" is a list, expected an object'),
+    ("API inputs a string", {"1": {"class_type": "VAELoader", "inputs": "x"}}, False,
+     'malformed API workflow: node 1: "inputs" is a string, expected an object'),
+    ("marker null (reverse)", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP",
+                                          "properties": {swap_loaders.INSERTED_KEY: None}}]}, True,
+     'malformed UI workflow: node 3: "properties.minimax_hotfix_inserted" is null, expected an object'),
+    ("marker a number (reverse)", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP",
+                                              "properties": {swap_loaders.INSERTED_KEY: 1.5}}]}, True,
+     'malformed UI workflow: node 3: "properties.minimax_hotfix_inserted" is a number, expected an object'),
+    ("output type an object", {"nodes": [{"id": 1, "type": "CLIPLoaderGGUF",
+                                          "outputs": [{"type": {"a": 1}, "links": [1]}]}]}, False,
+     'malformed UI workflow: node 1: "outputs"[0].type is an object, expected a string'),
+    ("link null", {"nodes": [{"id": 1, "type": "VAELoader"}], "links": [None]}, False,
+     "malformed UI workflow: links[0]: the link is null, expected a list or an object"),
     ("link cut short", {"nodes": [LOADER, USER], "links": [[1, 1, 0]]}, False,
      ("malformed UI workflow: links[0]: the link is a list of 3, expected 6: id, origin_id, origin_slot, target_id, "
       "target_slot, type")),
