@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from minimax_hotfix import registry
 from minimax_hotfix.diagnostics import placement_audit_files
 from safetensors.torch import save
-from workflow_fuzzing import examples
+from workflow_fuzzing import examples, without_comfyui_only
 
 FIX_IDS = sorted(registry.all_fixes())
 
@@ -71,6 +71,7 @@ def read_or_refuse(data: bytes, suffix: str):
 
 
 @pytest.mark.parametrize("kind", ["safetensors", "gguf"])
+@without_comfyui_only
 def test_audit_reads_a_damaged_header_or_refuses_it_in_one_line(kind, model_headers):
     @settings(max_examples=examples(150))
     @given(data=damaged(model_headers[kind]))
@@ -95,6 +96,7 @@ fix_ids = st.text(max_size=30) | st.sampled_from(FIX_IDS).flatmap(
     lambda fix_id: st.sampled_from([fix_id.upper(), f" {fix_id}", f"{fix_id},", fix_id[:-1], f"{fix_id}x"]))
 
 
+@without_comfyui_only
 @settings(max_examples=examples(200))
 @given(fix_id=fix_ids)
 def test_any_fix_id_selects_its_fix_or_ends_with_one_doctor_error(fix_id):
@@ -120,6 +122,7 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+@without_comfyui_only
 @settings(max_examples=examples(300))
 @given(value=switch_values)
 def test_any_off_switch_value_switches_off_exactly_what_it_names(value):

@@ -20,6 +20,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,12 @@ settings.register_profile("ci", deadline=None, derandomize=True, database=None, 
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("explore", parent=settings.get_profile("ci"), derandomize=False, max_examples=10_000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The fuzz of code that does not use ComfyUI (the swap tool, the doctor's inputs) runs once in CI, in the run without
+# ComfyUI: the run with ComfyUI would only repeat the same examples.
+without_comfyui_only = pytest.mark.skipif(bool(os.environ.get("COMFYUI_PATH")),
+                                          reason="ComfyUI-independent fuzz: runs in the run without ComfyUI")
 
 
 def examples(count: int) -> int:
