@@ -77,7 +77,7 @@ def check_command_line(data: bytes, reverse: bool, run) -> None:
         assert lines and all(line.startswith("swap_loaders: ") for line in lines), stderr
         error = expected_error(source, reverse)
         if error is not None:
-            assert (code, lines) == (1, [f"swap_loaders: error: {error}"])
+            assert (code, lines) == (1, [f"swap_loaders: error: {swap_loaders.one_line(error)}"])
             assert os.listdir(folder) == ["workflow.json"], "a partial output or temporary file"
             return
         assert code == 0, stderr
@@ -175,6 +175,8 @@ FOUND = [  # a traceback each before: one case per class the fuzz property found
      ('malformed UI workflow: node 3: "properties.minimax_hotfix_inserted.counters.root" is a list, expected '
       "[last node id, last link id]")),
     ("not UTF-8", b'{"nodes": [], "x": "\xff"}', False, None),
+    ("a line break in a node id", {"nodes": [{"id": "a\nb\u2028c", "type": "VAELoader", "properties": []}]}, False,
+     'malformed UI workflow: node a\\x0ab\\u2028c: "properties" is a list, expected an object'),
     ("null (found by the fuzz: the depth check of the validator itself)", "null", False,
      ('unrecognised format: expected a ComfyUI workflow, either UI format (an object with a "nodes" list) or API '
       'format (an object of nodes, each with a "class_type")')),
@@ -184,6 +186,9 @@ SWAPS_NOW = [  # a traceback before (or, for links null, with the validator firs
                                   "2": {"class_type": "KSampler", "inputs": {"model": ["\u00b2", 0]}}}, False),
     ("position of strings", {"nodes": [{**LOADER, "pos": ["a", "b"], "size": ["w"]}, USER],
                              "links": [[1, 1, 0, 2, 0, "CLIP"]]}, False),
+    ("line breaks in a type and an id (API warning)", {"x\ny": {"class_type": "Loader\r\nX", "inputs": {}},
+                                                       "2": {"class_type": "KSampler", "inputs": {"model": ["x\ny", 0]}}},
+     False),
     ("links null (found by the fuzz)", {"nodes": [LOADER, USER], "links": None}, False),
     ("Apply node without outputs", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP", "outputs": [], "properties": {
         swap_loaders.INSERTED_KEY: {"after": [1, 4]}}}, LOADER]}, True),
@@ -221,7 +226,7 @@ def test_the_library_refuses_what_the_command_line_refuses_and_changes_nothing()
         doc = copy.deepcopy(content)
         with pytest.raises(swap_loaders.WorkflowError) as refused:
             swap_loaders.swap(doc, reverse=reverse)
-        assert str(refused.value) == message and doc == content
+        assert swap_loaders.one_line(str(refused.value)) == message and doc == content
 
 
 # ---- Windows: no POSIX-only os names, CRLF and byte order marks ----

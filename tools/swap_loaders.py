@@ -887,9 +887,18 @@ def rules_module() -> str:
             f"export const RULES = {json.dumps(RULES, indent=2)};\n")
 
 
+LINE_BREAKS = {ord(char): f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+               for char in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}  # what str.splitlines() splits at
+
+
+def one_line(message: str) -> str:
+    """``message`` with its line breaks escaped: node ids and types from the workflow may hold any character."""
+    return message.translate(LINE_BREAKS)
+
+
 def _report(message: str) -> None:
     """One line on standard error, with the tool's prefix."""
-    print(f"{PROG}: {message}", file=sys.stderr)
+    print(f"{PROG}: {one_line(message)}", file=sys.stderr)
 
 
 def _process(source: Path, args) -> int:
