@@ -43,6 +43,8 @@ COPY_OPS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, 
             aten._copy_from_and_resize.default, aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other}
 INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
 _state = threading.local()
 _live: weakref.WeakSet = weakref.WeakSet()
 _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
@@ -143,7 +145,7 @@ def check_same_device(func, flat) -> None:
 
 
 def run_op(func, types, args, kwargs):
-    if any(not issubclass(kind, DeviceTensor) for kind in types):
+    if any(kind not in PLAIN_TYPES and not issubclass(kind, DeviceTensor) for kind in types):
         return NotImplemented  # another subclass (comfy-kitchen's QuantizedTensor) unpacks itself first
     flat, _ = tree_flatten((args, kwargs))
     on_device = [value for value in flat if isinstance(value, DeviceTensor)]
@@ -381,10 +383,11 @@ _installed = False
 _mode_threads: set[int] = set()
 
 
-def install() -> None:
+def install(clear_cuda_version: bool = True) -> None:
     """Registers the ``npu`` device and ``torch.npu`` (idempotent); patches ``torch.tensor``, ``torch.Generator``
     and ``torch._int_mm`` (each unchanged for other devices); clears ``torch.version.cuda`` so that ComfyUI does not
-    take a CUDA build of torch for an NVIDIA machine. Reads the environment's total and ``_int_mm`` setting."""
+    take a CUDA build of torch for an NVIDIA machine (``clear_cuda_version``). Reads the environment's total and
+    ``_int_mm`` setting."""
     global _installed
     if _installed:
         return
@@ -394,7 +397,8 @@ def install() -> None:
     torch.tensor = _tensor
     torch.Generator = Generator
     torch._int_mm = _int_mm
-    torch.version.cuda = None
+    if clear_cuda_version:
+        torch.version.cuda = None
     set_total_mb(float(os.environ.get(TOTAL_MB_ENV, "2048")))
     set_int_mm(os.environ.get(INT_MM_ENV, "1") != "0")
     _installed = True
