@@ -30,6 +30,7 @@ class SimulatedDevice:
 
     total_mb: float = 2048
     int_mm: bool = True
+    current: int = 0  # the device ComfyUI loads models on (npu:current)
 
     def environment(self) -> dict:
         if str(SIMULATED_DEVICE) not in sys.path:
@@ -38,7 +39,8 @@ class SimulatedDevice:
 
         path = os.pathsep.join(filter(None, (str(SIMULATED_DEVICE), os.environ.get("PYTHONPATH"))))
         return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
-                simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0"}
+                simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
+                simulated_accelerator.CURRENT_ENV: str(self.current)}
 
 STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
 STAND_IN_SOURCE = '''"""Stand-in for ComfyUI-GGUF's CLIPLoaderGGUF (the pack's test suite): same inputs, validation only."""

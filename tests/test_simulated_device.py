@@ -233,3 +233,12 @@ def test_comfyui_splits_a_model_by_the_devices_accounting(comfyui, tmp_path):
         assert partial["error"].startswith("Expected all tensors to be on the same device, but found at least two "
                                            "devices, npu:0 and cpu!")
     assert full["max_abs_diff"] == 0
+
+
+def test_views_of_inference_tensors_outside_inference_mode(on_device):
+    """A buffer moved under inference mode (a fix's hook during a node) and viewed later outside it."""
+    with torch.inference_mode():
+        buffer = torch.arange(4.0).to(NPU0)
+    with torch.no_grad():
+        view = buffer[None, :]
+    assert view.device == NPU0 and torch.equal(view.cpu(), torch.arange(4.0)[None, :])

@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 DEVICE_TYPE = "npu"
 TOTAL_MB_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_TOTAL_MB"
 INT_MM_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_INT_MM"  # "0": the device has no torch._int_mm
+CURRENT_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_CURRENT"  # the current device's index (ComfyUI loads models there)
 DEVICE_COUNT = 2
 DEVICE_NAME = "Simulated accelerator (CPU values)"
 MIXED_DEVICES_ERROR = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"
@@ -49,6 +50,7 @@ _state = threading.local()
 _live: weakref.WeakSet = weakref.WeakSet()
 _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
 _int_mm_available = True
+_default_device = 0
 _host_to_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 _counter_lock = threading.Lock()
 
@@ -60,6 +62,10 @@ class DeviceTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device):
+        if elem.is_inference() and not torch.is_inference_mode_enabled():
+            # a view of an inference tensor outside inference mode is an inference tensor, as on a real device
+            with torch.inference_mode():
+                return DeviceTensor.__new__(cls, elem, device)
         wrapper = torch.Tensor._make_wrapper_subclass(
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
             layout=elem.layout, device=device, requires_grad=elem.requires_grad)
@@ -303,7 +309,7 @@ class BackendModule:
 
     @staticmethod
     def current_device():
-        return getattr(_state, "current_device", 0)
+        return getattr(_state, "current_device", _default_device)
 
     @staticmethod
     def set_device(device):
@@ -388,7 +394,7 @@ def install(clear_cuda_version: bool = True) -> None:
     and ``torch._int_mm`` (each unchanged for other devices); clears ``torch.version.cuda`` so that ComfyUI does not
     take a CUDA build of torch for an NVIDIA machine (``clear_cuda_version``). Reads the environment's total and
     ``_int_mm`` setting."""
-    global _installed
+    global _installed, _default_device
     if _installed:
         return
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
@@ -401,6 +407,7 @@ def install(clear_cuda_version: bool = True) -> None:
         torch.version.cuda = None
     set_total_mb(float(os.environ.get(TOTAL_MB_ENV, "2048")))
     set_int_mm(os.environ.get(INT_MM_ENV, "1") != "0")
+    _default_device = int(os.environ.get(CURRENT_ENV, "0"))
     _installed = True
 
 
