@@ -28,18 +28,17 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
-import scenario_table  # noqa: E402
-import simulated_cores  # noqa: E402
-import swap_loaders  # noqa: E402
-import synthetic_models  # noqa: E402
-from comfyui_server import SimulatedDevice, comfyui_with_pack, http  # noqa: E402
-from test_workflow_runs import FIX_LOG, h3_prompt  # noqa: E402
-from workflow_api import FRONTEND_ONLY, load  # noqa: E402
+import scenario_table
+import simulated_cores
+import swap_loaders
+import synthetic_models
+from comfyui_server import SimulatedDevice, comfyui_with_pack, http
+from test_workflow_runs import FIX_LOG, h3_prompt
+from workflow_api import FRONTEND_ONLY, load
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 

@@ -5,10 +5,9 @@ a server running on it (``tests/comfyui_server.py``).
 * ``POST /simulated_device`` ``{"total_mb": float, "int_mm": bool, "reset_counters": bool}`` (each optional).
 """
 
-from aiohttp import web
-
 import server
 import simulated_accelerator
+from aiohttp import web
 
 
 @server.PromptServer.instance.routes.get("/simulated_device")
