@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,7 @@ import simulated_cores
 import swap_loaders
 import synthetic_models
 from comfyui_server import SimulatedDevice, comfyui_with_pack, http
-from test_workflow_runs import FIX_LOG, h3_prompt
+from test_workflow_runs import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
 from workflow_api import FRONTEND_ONLY, load
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
@@ -103,25 +104,28 @@ def error_of(entry: dict) -> str | None:
     return f"{data['node_type']}: {data['exception_message'].strip().splitlines()[0]}"
 
 
-def run(server, workflow: dict, tag: str, total_mb: float | None = None) -> dict:
-    """Queues the H3 graph of ``workflow`` (tiny canvas, the text encoder stand-in, probes) on ``server`` at
-    ``total_mb``; returns its outcome, the probe tensors, the loads and fix lines of its log, its host-to-device
-    copies."""
+def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_prompt=h3_prompt,
+        probes=("sampled",), current_device: int = 0) -> dict:
+    """Queues ``make_prompt(workflow)`` (H3: tiny canvas, the text encoder stand-in, probes) on ``server`` at
+    ``total_mb`` with models on ``npu:current_device``; returns its outcome, the probe tensors, the loads and fix
+    lines of its log, its host-to-device copies."""
     url, object_info, base = server
     log = base / "comfyui.log"
     http(url + "/free", {"unload_models": True, "free_memory": True})
     if total_mb is not None:
-        http(url + "/simulated_device", {"total_mb": total_mb, "reset_counters": True})
+        http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
+                                         "reset_counters": True})
     start = len(log.read_text())
     workflow = copy.deepcopy(workflow)
     # a server without the pack lacks its status node (a display, linked to nothing): the user deletes it
     workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] in object_info
                          or node["type"] in FRONTEND_ONLY or node["type"] == "CLIPLoader"]
-    prompt = h3_prompt(workflow, object_info, tag)
+    prompt = make_prompt(workflow, object_info, tag)
     entry = queue(url, prompt)
     text = log.read_text()[start:]
-    probe = base / "output" / f"{tag}_sampled.safetensors"
-    tensors = {f"sampled.{name}": value for name, value in load_file(probe).items()} if probe.exists() else {}
+    tensors = {f"{probe}.{name}": value for probe in probes
+               if (path := base / "output" / f"{tag}_{probe}.safetensors").exists()
+               for name, value in load_file(path).items()}
     device = json.loads(http(url + "/simulated_device")[1]) if total_mb is not None else None
     return {"error": error_of(entry), "tensors": tensors,
             "loads": [f"{float(mb):.2f}{'' if kind == 'completely' else ' (partial)'}"
@@ -141,14 +145,14 @@ def hook_counts(lines: list[str]) -> dict[str, int]:
     return counts
 
 
-def max_abs_diff(tensors: dict, reference: dict) -> float | None:
+def max_abs_diff(tensors: dict, reference: dict, compared=COMPARED) -> float | None:
     if not tensors:
         return None
-    return max((tensors[name] - reference[name]).abs().max().item() for name in COMPARED)
+    return max((tensors[name] - reference[name]).abs().max().item() for name in compared)
 
 
-def record(scenario, core, budget, loaders, result, reference):
-    diff = max_abs_diff(result["tensors"], reference)
+def record(scenario, core, budget, loaders, result, reference, compared=COMPARED):
+    diff = max_abs_diff(result["tensors"], reference, compared)
     row = {"scenario": scenario, "core": core, "budget": budget, "loaders": loaders,
            "outcome": "completed" if result["error"] is None else f"error: {result['error'][:150]}",
            "loads": "/".join(result["loads"]), "hooks": ", ".join(f"{k}={v}" for k, v in
@@ -160,18 +164,28 @@ def record(scenario, core, budget, loaders, result, reference):
     return diff
 
 
-def workflows() -> tuple[dict, dict]:
-    pack = load(H3_TEXT_TO_VIDEO)
+def workflows(path: Path = H3_TEXT_TO_VIDEO) -> tuple[dict, dict]:
+    pack = load(path)
     stock = copy.deepcopy(pack)
     assert swap_loaders.swap(stock, reverse=True)
     return pack, stock
 
 
-@pytest.mark.parametrize("core", ["0.36/0.37 VAE", "fixed VAE"])
-def test_seed_000_h3_vae_decode_under_partial_loads(core, servers):
-    pack_workflow, stock_workflow = workflows()
-    reference = run(servers(core, True, None), pack_workflow, "cpu_reference")
+REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
+
+
+@pytest.fixture(scope="module")
+def h3_reference(servers):
+    """The all-CPU (``--cpu``) run of the seed 000 graph, the reference of every H3 device run."""
+    reference = run(servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
     assert reference["error"] is None, reference["error"]
+    return reference
+
+
+@pytest.mark.parametrize("core", ["0.36/0.37 VAE", "fixed VAE"])
+def test_seed_000_h3_vae_decode_under_partial_loads(core, servers, h3_reference):
+    pack_workflow, stock_workflow = workflows()
+    reference = h3_reference
     device = SimulatedDevice(total_mb=BUDGETS["full"])
     slug = core.replace("/", "_").replace(" ", "_").replace(".", "")
     for budget, total_mb in BUDGETS.items():
@@ -192,3 +206,50 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, servers):
     if core == "fixed VAE":
         assert any("fixed upstream" in line for line in pack["status_lines"]) or "fixed upstream" in (
             servers(core, True, device)[2] / "comfyui.log").read_text().split("vae_qk_norm_scale:")[1][:40]
+
+
+def test_multi_device_h3_on_npu1(servers, h3_reference):
+    """The seed 000 graph with its models on ``npu:1`` (ComfyUI's current device switched through the device's
+    route) at the partial budget: every fix still attached after ComfyUI's clones, the pack's run equal to the CPU's,
+    the stock run failing as on ``npu:0`` but naming ``npu:1``."""
+    core = "0.36/0.37 VAE"
+    pack_workflow, stock_workflow = workflows()
+    reference = h3_reference
+    device = SimulatedDevice(total_mb=BUDGETS["full"])
+    stock = run(servers(core, False, device), stock_workflow, "npu1_stock", BUDGETS["partial"], current_device=1)
+    pack = run(servers(core, True, device), pack_workflow, "npu1_pack", BUDGETS["partial"], current_device=1)
+    record("multi-device (models on npu:1)", core, "partial", "stock (server without the pack)", stock,
+           reference["tensors"])
+    diff = record("multi-device (models on npu:1)", core, "partial", "pack", pack, reference["tensors"])
+    assert stock["error"].startswith(f"VAEDecode: {MIXED}, npu:1 and cpu!"), stock["error"]
+    assert pack["error"] is None and diff <= 1e-4, pack["error"]
+    assert hook_counts(pack["fix_lines"]).get("vae_qk_norm_scale@MiniMaxH3VideoVAE", 0) > 0
+
+
+MUSIC3_BUDGETS = {"full": RESERVE_MB + 512, "partial": RESERVE_MB + 100, "smallest": RESERVE_MB}
+MUSIC3_PROBES = ("encoded", "zeroed")
+MUSIC3_COMPARED = ("encoded.conditioning", "encoded.audio", "zeroed.conditioning")
+
+
+def test_seed_002_music3_on_the_device(servers):
+    """Music 3 (text encoder, AR loop, DAV decode: what a CPU can run, see test_workflow_runs) on the device at three
+    budgets (the 216 MB float32 DAV split at "partial"), pack and stock loaders, equal outputs and equal to the
+    CPU's. CUDA graph capture (the Music 3 graph fixes) needs CUDA: not run here. The Music 3 files are 0.33.0's in
+    this core (its overlay is the H3 VAE only), so the servers of seed 000 serve it."""
+    core = "0.36/0.37 VAE"
+    pack_workflow, stock_workflow = workflows(MUSIC3)
+    reference = run(servers(core, True, None), pack_workflow, "music3_cpu", make_prompt=music3_prompt,
+                    probes=MUSIC3_PROBES)
+    assert reference["error"] is None, reference["error"]
+    device = SimulatedDevice(total_mb=BUDGETS["full"])
+    for budget, total_mb in MUSIC3_BUDGETS.items():
+        results = {}
+        for loaders, pack in (("stock (server without the pack)", False), ("pack", True)):
+            result = run(servers(core, pack, device), pack_workflow if pack else stock_workflow,
+                         f"music3_{'pack' if pack else 'stock'}_{budget}", total_mb, make_prompt=music3_prompt,
+                         probes=MUSIC3_PROBES)
+            diff = record("seed 002 Music 3", core, budget, loaders, result, reference["tensors"], MUSIC3_COMPARED)
+            assert result["error"] is None and diff <= 1e-4, result["error"]
+            results[loaders] = result["tensors"]
+        stock_tensors, pack_tensors = results.values()
+        assert all(torch.equal(stock_tensors[name], pack_tensors[name]) for name in MUSIC3_COMPARED)

@@ -267,6 +267,12 @@ def set_total_mb(total_mb: float, index: int | None = None) -> None:
         _total_bytes[device] = int(total_mb * 1024 * 1024)
 
 
+def set_current_device(index: int) -> None:
+    """The device ComfyUI's ``get_torch_device()`` answers from now on (the models loaded next go there)."""
+    global _default_device
+    _default_device = index
+
+
 def set_int_mm(available: bool) -> None:
     global _int_mm_available
     _int_mm_available = available
@@ -284,7 +290,7 @@ def host_to_device() -> dict[str, list[int]]:
 
 
 def stats() -> dict:
-    return {"total_bytes": dict(_total_bytes), "allocated_bytes": {i: allocated_bytes(i) for i in range(DEVICE_COUNT)},
+    return {"current_device": _default_device, "total_bytes": dict(_total_bytes), "allocated_bytes": {i: allocated_bytes(i) for i in range(DEVICE_COUNT)},
             "int_mm": _int_mm_available, "host_to_device": host_to_device()}
 
 
