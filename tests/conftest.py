@@ -54,9 +54,15 @@ def fresh_detection(monkeypatch):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Names the simulated cores this run built, with their overlays and stand-ins."""
+    """The seed scenario table, if this run made one; the simulated cores this run built, with their overlays and
+    stand-ins."""
+    import scenario_table
     import simulated_cores
 
+    if scenario_table.ROWS:
+        terminalreporter.section("seed scenarios on the simulated accelerator")
+        for line in scenario_table.lines():
+            terminalreporter.write_line(line)
     if simulated_cores.BUILT:
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:
