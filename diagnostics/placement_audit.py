@@ -46,6 +46,7 @@ COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
 SHADOW_MAX_ELEMENTS = 1 << 16  # real shadows are kept for control tensors (timesteps, position ids, masks), not activations
 UNINITIALISED = ("aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
                  "aten.new_empty.default", "aten.new_empty_strided.default")
+WEIGHT_CAST = ("comfy/ops.py", "cast_bias_weight")  # where ComfyUI casts an offloaded layer's weights per call
 INDEX_OPS = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default", "aten._index_put_impl_.default")
 # Findings the pack leaves on purpose: (model, tensor name pattern (fnmatch), kind) -> the measured cost and the reason.
 ACCEPTED = {
@@ -122,6 +123,19 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 def _is_cpu_scalar(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and tensor.dim() == 0
+
+
+def _in_comfy_weight_cast() -> bool:
+    """Whether the running op is ComfyUI's cast of a layer's weights (``comfy.ops.cast_bias_weight``, which every
+    casting op and ``linear_input_act`` go through, legacy and dynamic loads alike), not a model's own copy of a
+    weight (``cast_to(self.q_norm.weight, device=x.device)``, ``cast_to_input(self.weight, x)``)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == WEIGHT_CAST[1] and code.co_filename.replace("\\", "/").endswith(WEIGHT_CAST[0]):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class PlacementRecorder(TorchDispatchMode):
@@ -293,9 +307,11 @@ class PlacementRecorder(TorchDispatchMode):
             source = args[1] if str(func) == COPY_OPS[1] else args[0]
             destination = args[0] if str(func) == COPY_OPS[1] else out
             if source.device.type == "cpu" and destination.device.type != "cpu":
-                if id(source) in self.weights:
+                if id(source) in self.weights and _in_comfy_weight_cast():
                     self.weight_casts += 1
                     self.weight_cast_bytes += _nbytes(source)
+                elif id(source) in self.weights:  # the model's own code copies an offloaded weight, on every call
+                    self._record("host-to-device", self.names[id(source)], func, _nbytes(source))
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))
                 return out
