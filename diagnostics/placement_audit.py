@@ -80,6 +80,11 @@ ACCEPTED = {
         "64 bytes per step (16 float32 values, stock `cast_to(self.rope.inv_freq, device)` in rope_freqs): a buffer of "
         "a weight-less module a partial load leaves in CPU RAM; explicit copy, no crash, smaller than one kernel "
         "launch's arguments",
+    ("H3 DiT", "diffusion_model.blocks.*.attn.[qk]_norm.weight", "host-to-device"):
+        "25,600 bytes per step (50 blocks x 2 RMSNorm weights of 128 bf16 values): stock attention copies the q/k "
+        "norm weights with `cast_to(..., device=x.device)` for the fused rms_rope on every call (0.33.0 and the "
+        "0.39 era alike), where a partial load leaves them in CPU RAM; the same bytes ComfyUI's own cast of those "
+        "norms would move, explicit copies, no crash",
     ("Music 3 DiT", "*_norm.beta", "host-to-device"):
         "4,096 bytes per offloaded LayerNorm per step (72 / 21 / 0 / 63 norms at budgets none / 25% / 50% / 75%, at "
         "most 295 kB per step): the "
@@ -126,9 +131,8 @@ def _is_cpu_scalar(tensor: torch.Tensor) -> bool:
 
 
 def _in_comfy_weight_cast() -> bool:
-    """Whether the running op is ComfyUI's cast of a layer's weights (``comfy.ops.cast_bias_weight``, which every
-    casting op and ``linear_input_act`` go through, legacy and dynamic loads alike), not a model's own copy of a
-    weight (``cast_to(self.q_norm.weight, device=x.device)``, ``cast_to_input(self.weight, x)``)."""
+    """Whether the running op is inside ``comfy.ops.cast_bias_weight``, ComfyUI's cast of a layer's weights (casting
+    ops and ``linear_input_act`` go through it, legacy and dynamic loads alike)."""
     frame = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
@@ -176,6 +180,14 @@ class PlacementRecorder(TorchDispatchMode):
         finding = self.findings.setdefault(key, Finding(kind, module, tensor_name, str(func)))
         finding.calls += 1
         finding.bytes += nbytes
+
+    def _is_weight_cast(self, weight) -> bool:
+        """Whether this copy of an offloaded weight is ComfyUI's cast of it: made while the module that owns it runs
+        (its op's cast), or by ``comfy.ops.cast_bias_weight`` (also reached from a parent, ``linear_input_act``). A
+        module that copies a child's weight itself (``cast_to(self.q_norm.weight, device=x.device)``) bypasses the
+        child's op: that copy is listed."""
+        owner = self.names[id(weight)].rpartition(".")[0]
+        return (bool(self.module_stack) and self.module_stack[-1] == owner) or _in_comfy_weight_cast()
 
     def _origin(self, tensor) -> str | None:
         """The model tensor ``tensor`` is, or was computed on the host from; None for anything else."""
@@ -307,10 +319,10 @@ class PlacementRecorder(TorchDispatchMode):
             source = args[1] if str(func) == COPY_OPS[1] else args[0]
             destination = args[0] if str(func) == COPY_OPS[1] else out
             if source.device.type == "cpu" and destination.device.type != "cpu":
-                if id(source) in self.weights and _in_comfy_weight_cast():
+                if id(source) in self.weights and self._is_weight_cast(source):
                     self.weight_casts += 1
                     self.weight_cast_bytes += _nbytes(source)
-                elif id(source) in self.weights:  # the model's own code copies an offloaded weight, on every call
+                elif id(source) in self.weights:  # a module copies another's offloaded weight, on every call
                     self._record("host-to-device", self.names[id(source)], func, _nbytes(source))
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))

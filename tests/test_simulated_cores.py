@@ -95,10 +95,16 @@ CORE_TESTS = {
         "test_gguf_q4_0_unit_red_without_the_pack",
         "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
         *AUDIT_MUST_PASS]),
-    "0.39 era": ([VAE_TESTS, INT8_VAE_TESTS, QWEN3VL_TESTS, ROTARY_TESTS, MUSIC3_TESTS, AUDIT_TESTS], [
+    # int8: not the VAE's red/green test. There the stock int8 VAE decodes on a CPU in float32 (upstream's cast
+    # dequantizes a weight whose dtype differs from the compute dtype), and at the layers' own dtype this ops.py
+    # calls comfy-kitchen's int8_linear(..., input_act_weight=), which the comfy-kitchen 0.33.0 pins lacks
+    # (TypeError before any torch._int_mm): neither shows the MPS error. Its status per kind is asserted
+    # (INT8_KINDS) and so is its use of _full_precision_mm.
+    "0.39 era": ([VAE_TESTS, f"{INT8_VAE_TESTS}::test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
+                  f"{INT8_VAE_TESTS}::test_status_per_model_kind_follows_the_running_core", QWEN3VL_TESTS,
+                  ROTARY_TESTS, MUSIC3_TESTS, AUDIT_TESTS], [
         "test_detection_on_the_running_comfyui",
         "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it",
-        "test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
         "test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
         "test_status_per_model_kind_follows_the_running_core",
         "test_detect_applies_on_this_comfyui",
@@ -134,9 +140,6 @@ SWITCHED_OFF = [
     ("fixed Music 3", "music3_graph_capture",
      f"{MUSIC3_TESTS}::test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
      "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"),
-    ("0.39 era", "int8_full_precision_mm",
-     f"{INT8_VAE_TESTS}::test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
-     "The operator 'aten::_int_mm' is not currently implemented for the MPS device"),
     ("0.39 era", "music3_graph_capture",
      f"{MUSIC3_TESTS}::test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
      "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"),
