@@ -149,11 +149,12 @@ CORES = {
                  "text_encoders/llama.py", "ldm/minimax_music/ar.py")),
              (INT8_COMPUTE_QUERY, MALLOC_GRAPH, MALLOC_SCOPE, PREFETCH_GENERATE_HELPERS, COMFY_ATTENTION),
              (("Comfy-Org/ComfyUI/033046cc/comfy/sd.py",
-               "imports modules 0.33.0 has no file for (comfy.storage, comfy.text_encoders.qwen_image21, "
-               "comfy.text_encoders.ming_image, comfy.text_encoders.yue2: other models' text encoders) and "
-               "comfy.model_prefetch.pause_malloc_graph: stand-ins would be whole models. It builds the H3 video VAE with the same mixed_precision_ops(quant, dtype) call as 0.33.0's "
-               "sd.py (no full_precision_mm), which int8_full_precision_mm's 'MiniMax H3 video VAE' kind probes, "
-               "and passes num_layers=, whose default (36) the overlaid vae.py takes"),)),
+               ("imports modules 0.33.0 has no file for (comfy.storage, comfy.text_encoders.qwen_image21, "
+                "comfy.text_encoders.ming_image, comfy.text_encoders.yue2: other models' text encoders) and "
+                "comfy.model_prefetch.pause_malloc_graph: stand-ins would be whole models. It builds the H3 video "
+                "VAE with the same mixed_precision_ops(quant, dtype) call as 0.33.0's sd.py (no full_precision_mm), "
+                "which int8_full_precision_mm's 'MiniMax H3 video VAE' kind probes, and passes num_layers=, whose "
+                "default (36) the overlaid vae.py takes")),)),
     )
 }
 
