@@ -58,6 +58,11 @@ ACCEPTED = {
         "9,216 bytes per decoder call (36 copies of 64 float32 values) on cores with upstream's call-site fix "
         "(`qk_norm_scale.to(query.device)`), where vae_qk_norm_scale reads 'fixed upstream' and attaches nothing; "
         "explicit copies, no crash, per VAE decode call (not per sampling step)",
+    ("H3 video VAE decoder", "decoder.transformer_blocks.*.norm[12].weight", "host-to-device"):
+        "589,824 bytes per decoder call (36 blocks x 2 RMSNorm weights of 2048 float32 values): 0.33.0's "
+        "transformer block hands its norms' weights to comfy.rmsnorm.rms_norm itself, which copies them to the "
+        "input; the same bytes ComfyUI's own cast of those norms would move, explicit copies, no crash, per VAE "
+        "decode call (not per sampling step)",
     **{("H3 video VAE encoder", constant, "host-to-device"):
         "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
         "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
