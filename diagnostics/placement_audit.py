@@ -46,6 +46,7 @@ COPY_OPS = ("aten._to_copy.default", "aten.copy_.default")
 SHADOW_MAX_ELEMENTS = 1 << 16  # real shadows are kept for control tensors (timesteps, position ids, masks), not activations
 UNINITIALISED = ("aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
                  "aten.new_empty.default", "aten.new_empty_strided.default")
+WEIGHT_CAST = ("comfy/ops.py", "cast_bias_weight")  # where ComfyUI casts an offloaded layer's weights per call
 INDEX_OPS = ("aten.index.Tensor", "aten.index_put.default", "aten.index_put_.default", "aten._index_put_impl_.default")
 # Findings the pack leaves on purpose: (model, tensor name pattern (fnmatch), kind) -> the measured cost and the reason.
 ACCEPTED = {
@@ -57,6 +58,11 @@ ACCEPTED = {
         "9,216 bytes per decoder call (36 copies of 64 float32 values) on cores with upstream's call-site fix "
         "(`qk_norm_scale.to(query.device)`), where vae_qk_norm_scale reads 'fixed upstream' and attaches nothing; "
         "explicit copies, no crash, per VAE decode call (not per sampling step)",
+    ("H3 video VAE decoder", "decoder.transformer_blocks.*.norm[12].weight", "host-to-device"):
+        "589,824 bytes per decoder call (36 blocks x 2 RMSNorm weights of 2048 float32 values): 0.33.0's "
+        "transformer block hands its norms' weights to comfy.rmsnorm.rms_norm itself, which copies them to the "
+        "input; the same bytes ComfyUI's own cast of those norms would move, explicit copies, no crash, per VAE "
+        "decode call (not per sampling step)",
     **{("H3 video VAE encoder", constant, "host-to-device"):
         "216 bytes per encode call in all (pixel_mean, pixel_std: 3 float32 values each, per 17-frame clip; "
         "latents_mean, latents_std: 24 each, once): stock `.to(x)` of the VAE's own normalisation constants, which a "
@@ -79,6 +85,11 @@ ACCEPTED = {
         "64 bytes per step (16 float32 values, stock `cast_to(self.rope.inv_freq, device)` in rope_freqs): a buffer of "
         "a weight-less module a partial load leaves in CPU RAM; explicit copy, no crash, smaller than one kernel "
         "launch's arguments",
+    ("H3 DiT", "diffusion_model.blocks.*.attn.[qk]_norm.weight", "host-to-device"):
+        "25,600 bytes per step (50 blocks x 2 RMSNorm weights of 128 bf16 values): stock attention copies the q/k "
+        "norm weights with `cast_to(..., device=x.device)` for the fused rms_rope on every call (0.33.0 and the "
+        "0.39 era alike), where a partial load leaves them in CPU RAM; the same bytes ComfyUI's own cast of those "
+        "norms would move, explicit copies, no crash",
     ("Music 3 DiT", "*_norm.beta", "host-to-device"):
         "4,096 bytes per offloaded LayerNorm per step (72 / 21 / 0 / 63 norms at budgets none / 25% / 50% / 75%, at "
         "most 295 kB per step): the "
@@ -124,6 +135,18 @@ def _is_cpu_scalar(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu" and tensor.dim() == 0
 
 
+def _in_comfy_weight_cast() -> bool:
+    """Whether the running op is inside ``comfy.ops.cast_bias_weight``, ComfyUI's cast of a layer's weights (casting
+    ops and ``linear_input_act`` go through it, legacy and dynamic loads alike)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == WEIGHT_CAST[1] and code.co_filename.replace("\\", "/").endswith(WEIGHT_CAST[0]):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class PlacementRecorder(TorchDispatchMode):
     """Runs every op (on FakeTensors where any operand or the target device is fake) and records placement faults."""
 
@@ -162,6 +185,14 @@ class PlacementRecorder(TorchDispatchMode):
         finding = self.findings.setdefault(key, Finding(kind, module, tensor_name, str(func)))
         finding.calls += 1
         finding.bytes += nbytes
+
+    def _is_weight_cast(self, weight) -> bool:
+        """Whether this copy of an offloaded weight is ComfyUI's cast of it: made while the module that owns it runs
+        (its op's cast), or by ``comfy.ops.cast_bias_weight`` (also reached from a parent, ``linear_input_act``). A
+        module that copies a child's weight itself (``cast_to(self.q_norm.weight, device=x.device)``) bypasses the
+        child's op: that copy is listed."""
+        owner = self.names[id(weight)].rpartition(".")[0]
+        return (bool(self.module_stack) and self.module_stack[-1] == owner) or _in_comfy_weight_cast()
 
     def _origin(self, tensor) -> str | None:
         """The model tensor ``tensor`` is, or was computed on the host from; None for anything else."""
@@ -293,9 +324,11 @@ class PlacementRecorder(TorchDispatchMode):
             source = args[1] if str(func) == COPY_OPS[1] else args[0]
             destination = args[0] if str(func) == COPY_OPS[1] else out
             if source.device.type == "cpu" and destination.device.type != "cpu":
-                if id(source) in self.weights:
+                if id(source) in self.weights and self._is_weight_cast(source):
                     self.weight_casts += 1
                     self.weight_cast_bytes += _nbytes(source)
+                elif id(source) in self.weights:  # a module copies another's offloaded weight, on every call
+                    self._record("host-to-device", self.names[id(source)], func, _nbytes(source))
                 elif origins:
                     self._record("host-to-device", origins[0], func, _nbytes(source))
                 return out

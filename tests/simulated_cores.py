@@ -39,6 +39,7 @@ class Core:
     stands_for: str
     overlays: tuple[str, ...] = ()  # "<owner>/ComfyUI/<commit8>/<path>" under upstream/
     stand_ins: tuple[StandIn, ...] = field(default=())
+    left_out: tuple[tuple[str, str], ...] = ()  # (overlay, why it cannot be combined with the 0.33.0 tree)
 
 
 KITCHEN_INT8_DECODE = StandIn(
@@ -106,6 +107,19 @@ MALLOC_SCOPE = StandIn(
     "enable_graph=False, generator=None, malloc_scope=None):",
     replaces="enable_graph=False, generator=None):",
 )
+PREFETCH_GENERATE_HELPERS = StandIn(
+    "prefetch_generate_helpers",
+    "malloc_graph_scope, pin_modules (a newer model_prefetch.py, which a newer qwen35.py's text generation calls): "
+    "text generation only; the vision tower never reaches them, a scope does nothing and pinning says it hit a "
+    "stand-in",
+    "comfy/model_prefetch.py",
+    "\n\n# stand-in: prefetch_generate_helpers (a newer model_prefetch.py's text-generation helpers)\n"
+    "def malloc_graph_scope(device):\n"
+    "    import contextlib\n"
+    "    return contextlib.nullcontext()\n"
+    "def pin_modules(*args, **kwargs):\n"
+    "    raise NotImplementedError('simulated core: a stand-in of a newer model_prefetch.py symbol was called')\n",
+)
 
 LINEAR_INPUT_ACT_RMS_NORM = StandIn(
     "linear_input_act_rms_norm",
@@ -144,6 +158,23 @@ CORES = {
         Core("0.38 Qwen3-VL", "0.38 era: Qwen3-VL vision tower tables still built on the weight's or buffer's device",
              ("Comfy-Org/ComfyUI/06990860/comfy/text_encoders/qwen35.py",),
              (KITCHEN_INT8_DECODE, LLAMA_DECODE_HELPERS, COMFY_ATTENTION)),
+        Core("fixed Music 3", "a core with #16428: the Music 3 AR loop passes init_decode_buffers(...) to Llama2_",
+             ("Comfy-Org/ComfyUI/00a76cac/comfy/text_encoders/llama.py",
+              "zoidypuh/ComfyUI/4441d221/comfy/ldm/minimax_music/ar.py"),
+             (MALLOC_GRAPH, MALLOC_SCOPE)),
+        Core("0.39 era", "0.39.0 era (zhongzichang caa09649, whose comfyui_version.py says 0.39.0): the newer ops.py, "
+                         "H3 VAE and DiT, Qwen3-VL tower, Music 3 AR and llama.py together",
+             tuple(f"zhongzichang/ComfyUI/caa09649/comfy/{path}" for path in (
+                 "ops.py", "ldm/minimax/vae.py", "ldm/minimax/model.py", "text_encoders/qwen35.py",
+                 "text_encoders/llama.py", "ldm/minimax_music/ar.py")),
+             (INT8_COMPUTE_QUERY, MALLOC_GRAPH, MALLOC_SCOPE, PREFETCH_GENERATE_HELPERS, COMFY_ATTENTION),
+             (("Comfy-Org/ComfyUI/033046cc/comfy/sd.py",
+               ("imports modules 0.33.0 has no file for (comfy.storage, comfy.text_encoders.qwen_image21, "
+                "comfy.text_encoders.ming_image, comfy.text_encoders.yue2: other models' text encoders) and "
+                "comfy.model_prefetch.pause_malloc_graph: stand-ins would be whole models. It builds the H3 video "
+                "VAE with the same mixed_precision_ops(quant, dtype) call as 0.33.0's sd.py (no full_precision_mm), "
+                "which int8_full_precision_mm's 'MiniMax H3 video VAE' kind probes, and passes num_layers=, whose "
+                "default (36) the overlaid vae.py takes")),)),
     )
 }
 
@@ -161,6 +192,7 @@ def describe(name: str) -> str:
     lines = [f"simulated core {name!r}: {core.stands_for}"]
     lines += [f"  overlay {overlay}" for overlay in core.overlays]
     lines += [f"  stand-in {s.name} in {s.path}: {s.why}" for s in core.stand_ins]
+    lines += [f"  not overlaid {overlay}: {why}" for overlay, why in core.left_out]
     return "\n".join(lines)
 
 

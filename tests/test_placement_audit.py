@@ -35,6 +35,14 @@ CORE_MODELS = {
     # ops.py: every model's layers, all cast at the none budget; the H3 language model's layers are llama.py's Linear,
     # RMSNorm and Embedding, as the Music 3 AR's
     "fixed int8": (ALL_MODELS - {"H3 text encoder: language model"}, ("none",)),
+    # ar.py differs from post-#15861's only in generate()'s loop (decode_buffers), which the audit runs call for call;
+    # llama.py is the same file: the AR at the budget that leaves most behind
+    "fixed Music 3": ({"Music 3 text encoder (AR)"}, ("none",)),
+    # model.py, vae.py, qwen35.py, llama.py, ar.py: these six models' own code, with the newer ops.py's casts, at none
+    # (the H3 audio VAE, Music 3 DiT and DAV, 0.33.0 code under this ops.py, gave their 0.33.0 rows when measured
+    # once). No dynamic: this ops.py's vbar cast reads the _pin_state["fast_disk"] that only a newer model_patcher.py
+    # sets (0.33.0's ModelPatcherDynamic: KeyError 'fast_disk')
+    "0.39 era": (ALL_MODELS - {"H3 audio VAE", "Music 3 DiT", "Music 3 DAV"}, ("none",)),
 }
 # what the audit must find with the pack off, per core (a red control for the audit itself)
 ON_0_33_0 = {("H3 text encoder: Qwen3-VL vision tower", "none"): "host build",
@@ -50,6 +58,9 @@ EXPECTED_OFF = {
     "0.36/0.37 VAE": {("H3 video VAE decoder", "none"): "cross-device", ("H3 video VAE decoder", "50%"): "cross-device"},
     "fixed VAE": {("H3 video VAE decoder", "none"): "host-to-device", ("H3 video VAE encoder", "none"): "host-to-device"},
     "post-#15861 Music 3": {},  # nothing: the AR and the language model leave no tensor behind there
+    "fixed Music 3": {},
+    "0.39 era": {**{load: kind for load, kind in ON_0_33_0.items() if load[0] != "Music 3 DAV"},
+                 ("H3 video VAE decoder", "none"): "host-to-device"},
 }
 
 

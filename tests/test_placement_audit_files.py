@@ -4,6 +4,7 @@ safetensors, an H3 audio VAE and the same DAV as GGUF. ComfyUI's own loaders bui
 encoders and H3 VAEs at the tiny sizes of synthetic_models, which ComfyUI otherwise hard-codes at full size; the DiT's
 sizes come from its file); files the audit cannot take end with one line and exit code 2."""
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -84,9 +85,14 @@ def test_doctor_audits_the_files_as_the_built_in_configurations(model_files, mon
         "visual.pos_embed.weight", "visual.rotary_pos_emb.inv_freq"}
     assert by_load[(tower, "none", "on")]["findings"] == []
     # the user's DiT reads its sigma and text tags on the host from shadows, as the built-in one: audited, and the
-    # 64-byte rotary copy the built-in configuration shows is there too (accepted)
+    # 64-byte rotary copy and the attention's copies of its q/k norm weights the built-in configuration shows are
+    # there too (accepted)
     dit = by_load[("H3 DiT (h3_dit.safetensors, FakeTensor cuda:0)", "none", "off")]
-    assert [f["tensor"] for f in dit["findings"]] == ["diffusion_model.rope.inv_freq"] and dit["weight_casts"] > 0
+    tensors = {f["tensor"] for f in dit["findings"]}
+    norms = tensors - {"diffusion_model.rope.inv_freq"}
+    assert "diffusion_model.rope.inv_freq" in tensors and dit["weight_casts"] > 0
+    assert norms and all(fnmatch.fnmatchcase(t, "diffusion_model.blocks.*.attn.[qk]_norm.weight") for t in norms)
+    assert all(f["accepted"] for f in dit["findings"])
     # red control: the DAV's weight-norm convolutions stay behind under a legacy partial load (unreachable in stock
     # ComfyUI, accepted); ModelPatcherDynamic moves them, and the file audit sees both
     for dav in ("music3_dav.safetensors", "music3_dav.gguf"):
