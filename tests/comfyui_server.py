@@ -5,17 +5,40 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 START_TIMEOUT_S = 300
 PACK_ROOT = Path(__file__).resolve().parents[1]
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
+SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
+# pinned memory would call torch.cuda.cudart(); fp32 everywhere so that the run compares with a --cpu run
+SIMULATED_DEVICE_OPTIONS = ("--disable-pinned-memory", "--force-fp32", "--fp32-vae")
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """Start the server on the simulated accelerator (tests/simulated_device) instead of ``--cpu``: ComfyUI adopts
+    it through its Ascend path; ``total_mb`` per device (changed later through ``POST /simulated_device``)."""
+
+    total_mb: float = 2048
+    int_mm: bool = True
+
+    def environment(self) -> dict:
+        if str(SIMULATED_DEVICE) not in sys.path:
+            sys.path.append(str(SIMULATED_DEVICE))
+        import simulated_accelerator
+
+        path = os.pathsep.join(filter(None, (str(SIMULATED_DEVICE), os.environ.get("PYTHONPATH"))))
+        return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
+                simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0"}
 
 STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
 STAND_IN_SOURCE = '''"""Stand-in for ComfyUI-GGUF's CLIPLoaderGGUF (the pack's test suite): same inputs, validation only."""
@@ -58,17 +81,20 @@ def http(url: str, body: dict | None = None):
 
 @contextlib.contextmanager
 def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None = None,
-                    options: tuple[str, ...] = ()):
-    """Yields the URL of ``main.py --cpu *options`` from ``comfyui`` with ``--base-directory base`` (its
-    custom_nodes/, models/, output/) once it answers; the log is ``base/comfyui.log``."""
+                    options: tuple[str, ...] = (), device: SimulatedDevice | None = None):
+    """Yields the URL of ``main.py --cpu *options`` (on ``device``: without ``--cpu``) from ``comfyui`` with
+    ``--base-directory base`` (its custom_nodes/, models/, output/) once it answers; the log is
+    ``base/comfyui.log``."""
     port = free_port()
     log_path = base / "comfyui.log"
-    command = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+    placement = SIMULATED_DEVICE_OPTIONS if device else ("--cpu",)
+    command = [sys.executable, "main.py", *placement, "--listen", "127.0.0.1", "--port", str(port),
                "--disable-auto-launch", "--base-directory", str(base), *options]
     if input_directory is not None:
         command += ["--input-directory", str(input_directory)]
     with log_path.open("w") as log:
-        server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, cwd=comfyui, stdout=log, stderr=subprocess.STDOUT,
+                                  env=device.environment() if device else None)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -91,27 +117,33 @@ def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None =
                 server.wait()
 
 
-def install_custom_nodes(comfyui: Path, custom_nodes: Path, *extra: Path) -> None:
-    """``custom_nodes``: this pack, the checkout's own custom nodes, the stand-ins and ``extra`` node folders."""
+def install_custom_nodes(comfyui: Path, custom_nodes: Path, *extra: Path, pack: bool = True) -> None:
+    """``custom_nodes``: this pack (unless ``pack`` is false), the checkout's own custom nodes, the stand-ins and
+    ``extra`` node folders."""
     custom_nodes.mkdir()
     stand_in = custom_nodes / "comfyui_gguf_stand_in"
     stand_in.mkdir()
     specs = json.loads(SPECS_FILE.read_text(encoding="utf-8"))["nodes"]
     (stand_in / "__init__.py").write_text(
         STAND_IN_SOURCE % (specs["CLIPLoaderGGUF"]["input"]["required"]["type"][0],), encoding="utf-8")
-    (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
+    if pack:
+        (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
     for entry in (*(Path(comfyui) / "custom_nodes").iterdir(), *extra):
         if entry.resolve() != PACK_ROOT and (entry.is_dir() or entry.suffix == ".py"):
             (custom_nodes / entry.name).symlink_to(entry.resolve())
 
 
 @contextlib.contextmanager
-def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tuple[str, ...] = ()):
-    """Yields (url, object_info) of a running ComfyUI with ``install_custom_nodes`` in ``base``; fails when the
-    pack did not load."""
-    install_custom_nodes(comfyui, base / "custom_nodes", *extra_nodes)
-    with running_comfyui(comfyui, base, input_directory=comfyui / "input", options=options) as url:
+def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tuple[str, ...] = (),
+                      device: SimulatedDevice | None = None, pack: bool = True):
+    """Yields (url, object_info) of a running ComfyUI with ``install_custom_nodes`` in ``base`` (on ``device``, with
+    its ``/simulated_device`` route); fails when the pack did not load (or, with ``pack`` false, did)."""
+    if device:
+        extra_nodes = (*extra_nodes, SIMULATED_DEVICE / "simulated_device_routes")
+    install_custom_nodes(comfyui, base / "custom_nodes", *extra_nodes, pack=pack)
+    with running_comfyui(comfyui, base, input_directory=comfyui / "input", options=options, device=device) as url:
         object_info = json.loads(http(url + "/object_info")[1])
-        if "MiniMaxHotfixVAELoader" not in object_info:
-            raise RuntimeError("the pack did not load:\n" + (base / "comfyui.log").read_text()[-4000:])
+        if ("MiniMaxHotfixVAELoader" in object_info) is not pack:
+            raise RuntimeError(f"the pack {'did not load' if pack else 'loaded'}:\n"
+                               + (base / "comfyui.log").read_text()[-4000:])
         yield url, object_info

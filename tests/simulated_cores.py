@@ -107,14 +107,34 @@ MALLOC_SCOPE = StandIn(
     replaces="enable_graph=False, generator=None):",
 )
 
+LINEAR_INPUT_ACT_RMS_NORM = StandIn(
+    "linear_input_act_rms_norm",
+    "linear_input_act(..., act_weight, act_eps, residual, residual_scale) (newer ops.py, which the newer vae.py's "
+    "decoder blocks call): no input act, the rms_norm input and the residual addcmul computed eagerly around "
+    "0.33.0's function",
+    "comfy/ops.py",
+    "def linear_input_act(linear, x, input_act, act_weight=None, act_eps=0.0, residual=None, residual_scale=None):\n"
+    "    # stand-in: linear_input_act_rms_norm (the newer signature, eager rms_norm and residual)\n"
+    "    if input_act is None:\n"
+    "        out = linear(x)\n"
+    "    elif input_act == 'rms_norm':\n"
+    "        import comfy.rmsnorm\n"
+    "        out = linear(comfy.rmsnorm.rms_norm(x, act_weight, act_eps))\n"
+    "    else:\n"
+    "        out = _linear_input_act_0_33(linear, x, input_act)\n"
+    "    return out if residual is None else torch.addcmul(residual, out, residual_scale)\n\n\n"
+    "def _linear_input_act_0_33(linear, x, input_act):",
+    replaces="def linear_input_act(linear, x, input_act):",
+)
+
 CORES = {
     core.name: core
     for core in (
         Core("0.33.0", "ComfyUI 0.33.0 as released"),
         Core("0.36/0.37 VAE", "ComfyUI 0.36/0.37: MiniMax H3 VAE hands qk_norm_scale to rms_rope as is (#16390)",
-             ("Comfy-Org/ComfyUI/3bd3ca17/comfy/ldm/minimax/vae.py",)),
+             ("Comfy-Org/ComfyUI/3bd3ca17/comfy/ldm/minimax/vae.py",), (LINEAR_INPUT_ACT_RMS_NORM,)),
         Core("fixed VAE", "a core with the call-site fix: qk_norm_scale.to(query.device)",
-             ("Comfy-Org/ComfyUI/19315e86/comfy/ldm/minimax/vae.py",)),
+             ("Comfy-Org/ComfyUI/19315e86/comfy/ldm/minimax/vae.py",), (LINEAR_INPUT_ACT_RMS_NORM,)),
         Core("post-#15861 Music 3", "after Comfy Compiler #15861, before #16428: Music 3 AR without decode_buffers",
              ("Comfy-Org/ComfyUI/00a76cac/comfy/text_encoders/llama.py",
               "comfyanonymous/ComfyUI/bc8cb493/comfy/ldm/minimax_music/ar.py"),

@@ -1,0 +1,421 @@
+"""A simulated accelerator for tests: devices ``npu:0`` and ``npu:1`` whose tensors hold CPU data, so that ComfyUI
+(started without ``--cpu``) adopts it through its own Ascend path and decides partial loads from its accounting.
+
+* Device tensors are ``DeviceTensor`` wrappers (a ``torch.Tensor`` subclass reporting ``npu:N``) around a CPU tensor;
+  every aten op runs on the wrapped CPU tensors, so values are exactly the CPU's. The ops are intercepted by
+  ``SimulatedDeviceMode``, a dispatch mode entered per thread (``enter_in_every_thread``: ComfyUI runs prompts in a
+  worker thread, and dispatch modes are thread-local), and by the subclass itself where no mode is active.
+* An op given tensors of two devices raises the accelerator's error, as CUDA does; copies, 0-dim CPU tensors and
+  CPU index tensors are allowed, as on CUDA.
+* Memory: ``torch.npu.mem_get_info`` / ``memory_stats`` report the bytes of the live device tensors' storages
+  against a total set per test (``set_total_mb``), which ComfyUI's ``get_total_memory`` / ``get_free_memory`` read.
+* ``set_int_mm(False)``: the device has no ``torch._int_mm`` (the MPS error text), decided wherever device work runs
+  on unwrapped tensors (a custom op's CPU body calls ``torch._int_mm`` from Python on plain tensors).
+* ``host_to_device()``: host-to-device copies per op (count, bytes) since ``reset_counters()``.
+
+Test-only: the pack never imports it. The stand-in ``torch_npu`` package beside it installs it, and the test harness
+puts this folder on the test ComfyUI's ``PYTHONPATH`` (``tests/comfyui_server.py``).
+Configuration of a server process: the environment variables below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections import defaultdict
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+DEVICE_TYPE = "npu"
+TOTAL_MB_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_TOTAL_MB"
+INT_MM_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_INT_MM"  # "0": the device has no torch._int_mm
+DEVICE_COUNT = 2
+DEVICE_NAME = "Simulated accelerator (CPU values)"
+MIXED_DEVICES_ERROR = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"
+MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented for the MPS device"
+
+aten = torch.ops.aten
+COPY_OPS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten.copy.default,
+            aten._copy_from_and_resize.default, aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other}
+INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
+
+_state = threading.local()
+_live: weakref.WeakSet = weakref.WeakSet()
+_total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
+_int_mm_available = True
+_host_to_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+_counter_lock = threading.Lock()
+
+
+class DeviceTensor(torch.Tensor):
+    """A tensor on the simulated device: reports ``npu:N``, holds its values in ``elem`` (a CPU tensor)."""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device):
+        wrapper = torch.Tensor._make_wrapper_subclass(
+            cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
+            layout=elem.layout, device=device, requires_grad=elem.requires_grad)
+        wrapper.elem = elem
+        _live.add(wrapper)
+        return wrapper
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __repr__(self):
+        return f"DeviceTensor({self.elem!r}, device='{self.device}')"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return run_op(func, types, args, kwargs or {})
+
+
+class SimulatedDeviceMode(TorchDispatchMode):
+    """Runs every op with a device tensor or a device argument on the CPU; others as they are."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return run_op(func, types, args, kwargs or {})
+
+
+def is_device(value) -> bool:
+    return isinstance(value, torch.device) and value.type == DEVICE_TYPE
+
+
+def device_of(value: torch.Tensor) -> torch.device:
+    return value.device
+
+
+def unwrap(value):
+    return value.elem if isinstance(value, DeviceTensor) else value
+
+
+def indexed(device: torch.device) -> torch.device:
+    """``npu`` as ``npu:N`` (the current device), as a real backend reports its tensors' device."""
+    return device if device.index is not None else torch.device(DEVICE_TYPE, BackendModule.current_device())
+
+
+def to_cpu_device(value):
+    return torch.device("cpu") if is_device(value) else value
+
+
+def count_host_to_device(op: str, nbytes: int) -> None:
+    with _counter_lock:
+        entry = _host_to_device[op]
+        entry[0] += 1
+        entry[1] += nbytes
+
+
+def _target_device(func, args, kwargs):
+    """The device an op puts its result on when it names one (factory ops, ``to``, ``_to_copy``), else None."""
+    if func is aten.to.other:
+        return args[1].device
+    if func is aten.to.device:
+        return torch.device(args[1])
+    device = kwargs.get("device")
+    return None if device is None else torch.device(device)
+
+
+def check_same_device(func, flat) -> None:
+    """Raises the accelerator's error when the op's tensors are on two devices (0-dim CPU tensors and CPU index
+    tensors of index ops allowed, as on CUDA)."""
+    found = []
+    for value in flat:
+        if not isinstance(value, torch.Tensor):
+            continue
+        if isinstance(value, DeviceTensor):
+            device = value.device
+        elif value.device.type == "cpu" and (value.dim() == 0 or func in INDEX_OPS):
+            continue
+        else:
+            device = value.device
+        if device.type == "meta":
+            continue
+        if device not in found:
+            found.append(device)
+    if len(found) > 1:
+        devices = sorted(found, key=lambda device: device.type != DEVICE_TYPE)
+        raise RuntimeError(MIXED_DEVICES_ERROR.format(devices[0], devices[1]) + f" (simulated device, in {func})")
+
+
+def run_op(func, types, args, kwargs):
+    if any(not issubclass(kind, DeviceTensor) for kind in types):
+        return NotImplemented  # another subclass (comfy-kitchen's QuantizedTensor) unpacks itself first
+    flat, _ = tree_flatten((args, kwargs))
+    on_device = [value for value in flat if isinstance(value, DeviceTensor)]
+    target = _target_device(func, args, kwargs)
+    if not on_device and not is_device(target) and not any(is_device(value) for value in flat):
+        return func(*args, **kwargs)
+    if func is aten._has_compatible_shallow_copy_type.default:
+        # a CPU tensor's ``.data`` cannot take a device tensor: Module.to() must make new parameters
+        return isinstance(args[0], DeviceTensor) is isinstance(args[1], DeviceTensor)
+    if func is aten._int_mm.default and not _int_mm_available:
+        raise NotImplementedError(MPS_INT_MM_ERROR)
+    if func not in COPY_OPS:
+        check_same_device(func, flat)
+    if target is not None:
+        result_device = indexed(target) if is_device(target) else None
+    elif func is aten.copy_.default:
+        result_device = args[0].device if isinstance(args[0], DeviceTensor) else None
+    else:
+        result_device = on_device[0].device if on_device else None
+    plain_args = tree_map(lambda value: to_cpu_device(unwrap(value)), args)
+    plain_kwargs = tree_map(lambda value: to_cpu_device(unwrap(value)), kwargs)
+    with device_work():
+        out = func(*plain_args, **plain_kwargs)
+    if func in COPY_OPS and result_device is not None:
+        source = args[1] if func is aten.copy_.default else args[0]
+        if isinstance(source, torch.Tensor) and not isinstance(source, DeviceTensor):
+            count_host_to_device(func.overloadpacket.__name__, source.numel() * source.element_size())
+    by_identity = {id(value.elem): value for value in on_device}
+
+    def wrap(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in by_identity:
+            if by_identity[id(value)].device == result_device:  # in-place and out= ops return their argument
+                return by_identity[id(value)]
+            return value.clone()  # to the host: a copy, not the device tensor's own storage
+        if result_device is None or value.device.type == "meta":
+            return value
+        return DeviceTensor(value, result_device)
+
+    if func in COPY_OPS and out is plain_args[0] and isinstance(args[0], DeviceTensor) and (
+            result_device == args[0].device):
+        return args[0]  # ``to`` without a change returns its input
+    return tree_map(wrap, out)
+
+
+@contextlib.contextmanager
+def device_work():
+    """Marks the current thread as running device work on unwrapped tensors (for the no-``_int_mm`` mode)."""
+    previous = getattr(_state, "device_work", False)
+    _state.device_work = True
+    try:
+        yield
+    finally:
+        _state.device_work = previous
+
+
+# -- what dispatch does not reach -------------------------------------------------------------------------------------
+
+_torch_int_mm = torch._int_mm
+_torch_tensor = torch.tensor
+_TorchGenerator = torch.Generator
+
+
+def _int_mm(a, b, *args, **kwargs):
+    if not _int_mm_available and (getattr(_state, "device_work", False)
+                                   or isinstance(a, DeviceTensor) or isinstance(b, DeviceTensor)):
+        raise NotImplementedError(MPS_INT_MM_ERROR)
+    return _torch_int_mm(a, b, *args, **kwargs)
+
+
+def _tensor(data, *args, device=None, **kwargs):
+    """``torch.tensor(..., device=npu)``: built on the CPU, then copied over (C++ builds it without dispatch)."""
+    if device is not None and is_device(torch.device(device)):
+        return _torch_tensor(data, *args, **kwargs).to(device)
+    return _torch_tensor(data, *args, device=device, **kwargs)
+
+
+class Generator(_TorchGenerator):
+    """``torch.Generator(device=npu)``: a CPU generator (random ops on the device run on the CPU)."""
+
+    def __new__(cls, device="cpu"):
+        if is_device(torch.device(device)):
+            device = "cpu"
+        return _TorchGenerator.__new__(cls, device)
+
+    def __init__(self, device="cpu"):
+        pass
+
+
+# -- accounting --------------------------------------------------------------------------------------------------------
+
+def allocated_bytes(index: int) -> int:
+    storages = {}
+    for tensor in list(_live):
+        if tensor.device.index == index:
+            storage = tensor.elem.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index or 0
+
+
+def set_total_mb(total_mb: float, index: int | None = None) -> None:
+    for device in (range(DEVICE_COUNT) if index is None else (index,)):
+        _total_bytes[device] = int(total_mb * 1024 * 1024)
+
+
+def set_int_mm(available: bool) -> None:
+    global _int_mm_available
+    _int_mm_available = available
+
+
+def reset_counters() -> None:
+    with _counter_lock:
+        _host_to_device.clear()
+
+
+def host_to_device() -> dict[str, list[int]]:
+    """{op: [count, bytes]} of host-to-device copies since ``reset_counters``."""
+    with _counter_lock:
+        return {op: list(entry) for op, entry in _host_to_device.items()}
+
+
+def stats() -> dict:
+    return {"total_bytes": dict(_total_bytes), "allocated_bytes": {i: allocated_bytes(i) for i in range(DEVICE_COUNT)},
+            "int_mm": _int_mm_available, "host_to_device": host_to_device()}
+
+
+class BackendModule:
+    """``torch.npu``: what ComfyUI calls on an Ascend device."""
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def is_initialized():
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork():
+        return False
+
+    @staticmethod
+    def device_count():
+        return DEVICE_COUNT
+
+    @staticmethod
+    def current_device():
+        return getattr(_state, "current_device", 0)
+
+    @staticmethod
+    def set_device(device):
+        _state.current_device = _index(device)
+
+    @staticmethod
+    def mem_get_info(device=None):
+        index = _index(device)
+        total = _total_bytes[index]
+        return max(total - allocated_bytes(index), 0), total
+
+    @staticmethod
+    def memory_stats(device=None):
+        allocated = allocated_bytes(_index(device))
+        return {"reserved_bytes.all.current": allocated, "active_bytes.all.current": allocated,
+                "allocated_bytes.all.current": allocated}
+
+    @staticmethod
+    def memory_allocated(device=None):
+        return allocated_bytes(_index(device))
+
+    @staticmethod
+    def get_device_name(device=None):
+        return DEVICE_NAME
+
+    @staticmethod
+    def synchronize(device=None):
+        pass
+
+    @staticmethod
+    def empty_cache():
+        pass
+
+    @staticmethod
+    def manual_seed(seed):
+        pass
+
+    @staticmethod
+    def manual_seed_all(seed):
+        pass
+
+    class Stream:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait_stream(self, stream):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class Event:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def record(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def wait(self, stream=None):
+            pass
+
+    @staticmethod
+    def current_stream(device=None):
+        return BackendModule.Stream()
+
+    @staticmethod
+    def stream(stream=None):
+        return contextlib.nullcontext()
+
+
+# -- installation ------------------------------------------------------------------------------------------------------
+
+_installed = False
+_mode_threads: set[int] = set()
+
+
+def install() -> None:
+    """Registers the ``npu`` device and ``torch.npu`` (idempotent); patches ``torch.tensor``, ``torch.Generator``
+    and ``torch._int_mm`` (each unchanged for other devices); clears ``torch.version.cuda`` so that ComfyUI does not
+    take a CUDA build of torch for an NVIDIA machine. Reads the environment's total and ``_int_mm`` setting."""
+    global _installed
+    if _installed:
+        return
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    _setup_privateuseone_for_python_backend(rename=DEVICE_TYPE, backend_module=BackendModule)
+    torch.tensor = _tensor
+    torch.Generator = Generator
+    torch._int_mm = _int_mm
+    torch.version.cuda = None
+    set_total_mb(float(os.environ.get(TOTAL_MB_ENV, "2048")))
+    set_int_mm(os.environ.get(INT_MM_ENV, "1") != "0")
+    _installed = True
+
+
+def enter_mode_in_this_thread() -> None:
+    if threading.get_ident() not in _mode_threads:
+        SimulatedDeviceMode().__enter__()  # held for the thread's life
+        _mode_threads.add(threading.get_ident())
+
+
+def enter_in_every_thread() -> None:
+    """The mode in the calling thread and in every thread started later (ComfyUI's prompt worker)."""
+    enter_mode_in_this_thread()
+    bootstrap = threading.Thread._bootstrap_inner
+    if getattr(bootstrap, "simulated_device", False):
+        return
+
+    def bootstrap_with_mode(self):
+        enter_mode_in_this_thread()
+        bootstrap(self)
+
+    bootstrap_with_mode.simulated_device = True
+    threading.Thread._bootstrap_inner = bootstrap_with_mode
