@@ -86,11 +86,6 @@ def transformers_resident():
 
 
 def comfyui_resident_and_offloaded():
-    from minimax_hotfix.registry.comfy import use_comfyui_checkout
-
-    if use_comfyui_checkout() is None:
-        print("ComfyUI tower: skipped (set COMFYUI_PATH)")
-        return
     import comfy.ops
     from comfy.text_encoders.qwen3vl import QWEN3VL_VISION, QWEN3VL_VISION_COMMON, Qwen3VLVisionModel
 
@@ -118,12 +113,50 @@ def comfyui_resident_and_offloaded():
         size = dtype.itemsize
         print(f"ComfyUI H3 position table, pos_embed {str(dtype)[6:]} in CPU RAM, 1024x1024 image: stock CPU "
               f"interpolation {lowvram:.1f} ms (lowvram offload), {dynamic:.1f} ms (dynamic VRAM, incl. the table "
-              f"clone); stock then sends the {patches * 1152 * size / 1e6:.1f} MB result to the GPU. The fix "
-              f"builds the taps on the GPU and moves nothing itself; under lowvram ComfyUI's op casts the "
-              f"{2304 * 1152 * size / 1e6:.1f} MB table there, under dynamic VRAM it reads the vbar copy")
+              f"clone); stock then sends the {patches * 1152 * size / 1e6:.1f} MB result to the GPU on every call. "
+              f"The fix makes the {2304 * 1152 * size / 1e6:.1f} MB table resident once and interpolates there")
+
+
+def comfyui_bytes_per_forward():
+    """Host-to-device bytes per forward of ComfyUI's tower at the H3 text encoder's vision width (1152, depth 1, no
+    weight resident: every weight in CPU RAM, the compute device meta), stock and patched side by side, per image
+    size: the first forward and each later one (weights included, as a partial load with nothing resident sends
+    them every time). "pack" is both Qwen3-VL table fixes, as the pack's CLIP loader attaches them."""
+    import comfy.ops
+    from comfy.text_encoders.qwen3vl import QWEN3VL_VISION, QWEN3VL_VISION_COMMON, Qwen3VLVisionModel
+
+    from minimax_hotfix.benchmarks._host_to_meta import HostToMeta
+    from minimax_hotfix.patches import qwen3vl_pos_embed, qwen3vl_rotary_table
+
+    config = {**QWEN3VL_VISION_COMMON, **QWEN3VL_VISION["qwen3vl_32b"], "depth": 1, "deepstack_visual_indexes": [],
+              "out_hidden_size": 1152}
+    torch.manual_seed(0)
+    stock = Qwen3VLVisionModel(config, dtype=torch.float32, ops=comfy.ops.manual_cast)
+    patched = copy.deepcopy(stock)
+    qwen3vl_pos_embed.hook_towers(patched)
+    qwen3vl_rotary_table.hook_towers(patched)
+
+    def sent_mb(tower, side):
+        pixels = torch.zeros(side * side, 3 * 2 * 16 * 16, device="meta")
+        with torch.inference_mode(), HostToMeta() as counter:
+            tower(pixels, torch.tensor([[1, side, side]]))
+        return counter.bytes / 1e6
+
+    print("ComfyUI H3 vision tower (width 1152, depth 1, merger out 1152, fp32, no weight resident), host-to-device MB per forward:")
+    print(f"{'image':>10} {'forward':>8} {'stock':>9} {'pack':>9} {'pack/stock':>10}")
+    for side, name in ((32, "512x512"), (48, "768x768"), (64, "1024x1024"), (32, "512x512")):
+        for forward in ("first", "later"):
+            stock_mb, pack_mb = sent_mb(stock, side), sent_mb(patched, side)
+            print(f"{name:>10} {forward:>8} {stock_mb:9.2f} {pack_mb:9.2f} {pack_mb / stock_mb:10.3f}")
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
     transformers_resident()
-    comfyui_resident_and_offloaded()
+    from minimax_hotfix.registry.comfy import use_comfyui_checkout
+
+    if use_comfyui_checkout() is None:
+        print("ComfyUI tower: skipped (set COMFYUI_PATH)")
+    else:
+        comfyui_resident_and_offloaded()
+        comfyui_bytes_per_forward()

@@ -8,6 +8,8 @@
 * ``interpolated_position_table``: the bilinear resampling of the square learned position table to each image's
   patch grid (``grid_shapes`` reads that from a ``grid_thw`` tensor), computed on a device the caller chooses,
   with the same float operations as the towers' own method.
+* ``ResidentPositionTables``: what one tower keeps on its compute devices between calls so that the position table
+  crosses the bus at most once (the whole table, or one image size's interpolated rows, whichever is smaller).
 * ``gather_rows``: an embedding lookup whose weight lives on another device than its result is needed on.
 * ``rotary_frequency_table``: the vision rotary table (position x inverse frequency), on the inverse frequencies'
   device (``patches/qwen3vl_rotary_table.py`` hands it a copy on the compute device).
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Sequence
+from collections import OrderedDict
+from typing import Callable, Hashable, Sequence
 
 import torch
 
@@ -147,6 +150,77 @@ def interpolated_position_table(
         frames = image.repeat(t, 1).view(t, h // m, m, w // m, m, -1)
         blocks.append(frames.permute(0, 1, 3, 2, 4, 5).flatten(0, 4))
     return torch.cat(blocks)
+
+
+class ResidentPositionTables:
+    """One tower's position tables kept on compute devices, so that per call nothing of the table crosses the bus
+    once it has crossed, and no call sends more than the stock method (its N x hidden result) would.
+
+    * A call with at least as many patches as the learned table has rows makes the whole table resident on the
+      compute device (one cast, no larger than the stock result) and interpolates there; later calls, whatever their
+      image sizes, move nothing.
+    * A smaller call, while no table is resident, lets the stock method interpolate where the weight is and keeps its
+      result on the compute device for that grid: the bytes of the stock call, once per image size. The kept results
+      never hold more rows than the table itself (oldest dropped first).
+
+    Everything is dropped when ``stamp`` changes (the weight replaced, written in place, or patched differently) and
+    by ``clear`` (the model unloaded). Values are the stock ones: kept results are the stock method's output, and a
+    resident table is the rows the tower's own ``pos_embed`` op returns, gathered exactly.
+    """
+
+    def __init__(self):
+        self._stamp: Hashable = None
+        self._tables: dict[torch.device, torch.Tensor] = {}
+        self._results: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def clear(self) -> None:
+        self._stamp = None
+        self._tables.clear()
+        self._results.clear()
+
+    def resident_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self._tables.values(), *self._results.values()))
+
+    def table(
+        self,
+        stamp: Hashable,
+        device: torch.device,
+        grid: Sequence[tuple[int, int, int]],
+        table_rows: int,
+        whole_table: Callable[[], torch.Tensor],
+        stock_result: Callable[[], torch.Tensor],
+        interpolate: Callable[[Callable[[torch.Tensor], torch.Tensor]], torch.Tensor],
+    ) -> torch.Tensor:
+        """The position table for ``grid`` on ``device``.
+
+        ``whole_table()``: the ``table_rows`` learned rows on ``device``; ``stock_result()``: the stock method's result
+        (wherever it computes); ``interpolate(lookup)``: the interpolation on ``device`` gathering through ``lookup``.
+        """
+        if stamp != self._stamp:
+            self.clear()
+            self._stamp = stamp
+        table = self._tables.get(device)
+        if table is None and sum(t * h * w for t, h, w in grid) >= table_rows:
+            table = self._tables[device] = _outside_inference(whole_table)
+            for key in [key for key in self._results if key[0] == device]:
+                del self._results[key]
+        if table is not None:
+            return interpolate(lambda indices: table[indices])
+        key = (device, tuple(grid))
+        result = self._results.get(key)
+        if result is None:
+            result = self._results[key] = _outside_inference(lambda: stock_result().to(device))
+            while sum(len(kept) for kept in self._results.values()) > table_rows:
+                self._results.popitem(last=False)
+        self._results.move_to_end(key)
+        return result
+
+
+def _outside_inference(make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    # A kept tensor outlives the inference_mode block it may be made in; an inference tensor could not be used later
+    # where autograd records.
+    with torch.inference_mode(False), torch.no_grad():
+        return make()
 
 
 def gather_rows(

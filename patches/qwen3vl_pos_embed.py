@@ -12,8 +12,12 @@ the whole interpolation on the CPU and ships its N x hidden result over the bus:
     on a vbar module) also clones the whole table on every call;
   * lowvram partial loading with ``pos_embed`` among the offloaded weights.
 Measured on 2 CPU cores (benchmarks/qwen3vl_pos_embed.py): ~0.1-0.2 s per 1024x1024 reference image, against a GPU
-vision tower that needs milliseconds. The fix builds the table on the compute device instead; ComfyUI's Embedding
-op then brings the weight there as it does for every other layer (vbar copy, or one table cast per call).
+vision tower that needs milliseconds. The fix keeps the table on the compute device, per tower, so that it crosses
+the bus at most once and no call sends more than stock: an image with at least as many patches as the table has rows
+makes the whole table resident (one cast through the tower's own ``pos_embed`` op, LoRA/lowvram patches included)
+and every later call interpolates there moving nothing; a smaller image, while no table is resident, keeps the stock
+result for its size on the device (stock's bytes, once per size). Kept across ComfyUI's eject/inject around each
+load; rebuilt when the weight or its patches change; freed when ComfyUI unloads the model (a detach callback).
 Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860). Same anti-pattern:
 verl-project/verl#5571, invoke-ai/InvokeAI#9373.
 Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any text encoder holding that tower.
@@ -28,14 +32,35 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, grid_shapes, hook_comfy_towers, interpolated_position_table
-from ..registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ..kernels.qwen3vl_pos_embed import (ResidentPositionTables, compute_device, grid_shapes, hook_comfy_towers,
+                                         interpolated_position_table)
+from ..kernels.tensor_versions import tensor_versions
+from ..registry.comfy import TINY_QWEN3VL_GRID, comfy_module, qwen3vl_tower_class, tiny_qwen3vl_tower
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
+
+# Per tower (weakly: a deleted text encoder takes its tables along); kept across ComfyUI's eject/inject around every
+# load, which would otherwise resend the table on every prompt; dropped when the model is unloaded (detach).
+_resident: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def resident_tables(tower) -> ResidentPositionTables:
+    """What ``tower`` keeps on its compute devices between calls (``kernels/qwen3vl_pos_embed.py``)."""
+    return _resident.setdefault(tower, ResidentPositionTables())
+
+
+def drop_resident_tables(model: torch.nn.Module) -> None:
+    """Free the tables of every tower in ``model`` (ComfyUI unloaded it, or the fix is detached)."""
+    for module in model.modules():
+        tables = _resident.get(module)
+        if tables is not None:
+            tables.clear()
+
 
 def _casts_weight(embedding) -> bool:
     """Whether this ComfyUI Embedding op brings its weight to its input's device (the stock ops and GGUF's do)."""
@@ -43,16 +68,35 @@ def _casts_weight(embedding) -> bool:
                 or getattr(embedding, "bias_function", None))
 
 
-def _table_on_compute_device(tower, stock):
-    """``tower.fast_pos_embed_interpolate``, built on the device the current call computes on."""
+def _weight_stamp(model, embedding) -> tuple:
+    """What the table's values depend on: the weight object, its in-place writes, the patches ComfyUI applied to the
+    model (LoRA: a new uuid) and the functions a lowvram load runs on the weight at each cast (remade per load, so
+    compared by kind and key)."""
+    weight = embedding.weight
+    functions = [*getattr(embedding, "weight_function", ()), *getattr(embedding, "bias_function", ())]
+    return (id(weight), tensor_versions(weight), weight.dtype, getattr(model, "current_weight_patches_uuid", None),
+            tuple((type(f), getattr(f, "key", None) or id(f)) for f in functions))
+
+
+def _table_on_compute_device(model, tower, stock):
+    """``tower.fast_pos_embed_interpolate``, with the table made on, and kept on, the device the call computes on."""
 
     def fast_pos_embed_interpolate(grid_thw):
         device = compute_device(tower)
         embedding = tower.pos_embed
-        if device is None or embedding.weight.device == device or not _casts_weight(embedding):
+        if device is None or not _casts_weight(embedding):
             return stock(grid_thw)
-        return interpolated_position_table(embedding, grid_shapes(grid_thw), tower.num_grid_per_side,
-                                           tower.spatial_merge_size, embedding.weight.dtype, device)
+        tables = resident_tables(tower)
+        if embedding.weight.device == device:
+            tables.clear()  # the weight itself is there now: a copy would only hold memory
+            return stock(grid_thw)
+        grid, rows = grid_shapes(grid_thw), embedding.num_embeddings
+        return tables.table(
+            _weight_stamp(model, embedding), device, grid, rows,
+            whole_table=lambda: embedding(torch.arange(rows, device=device)),
+            stock_result=lambda: stock(grid_thw),
+            interpolate=lambda lookup: interpolated_position_table(
+                lookup, grid, tower.num_grid_per_side, tower.spatial_merge_size, embedding.weight.dtype, device))
 
     return fast_pos_embed_interpolate
 
@@ -63,7 +107,17 @@ def hook_towers(model: torch.nn.Module) -> list:
     if tower_class is None:
         return []
     return hook_comfy_towers(model, tower_class, lambda tower: AttributeOverride(
-        tower, "fast_pos_embed_interpolate", _table_on_compute_device(tower, tower.fast_pos_embed_interpolate)))
+        tower, "fast_pos_embed_interpolate", _table_on_compute_device(model, tower, tower.fast_pos_embed_interpolate)))
+
+
+def _on_detach(patcher, unpatch_all=True) -> None:
+    drop_resident_tables(patcher.model)
+
+
+def _on_detach_event():
+    extension = comfy_module("comfy.patcher_extension")
+    callbacks = getattr(extension, "CallbacksMP", None)
+    return getattr(callbacks, "ON_DETACH", None)
 
 
 class Qwen3VLPosEmbedFix(Fix):
@@ -103,6 +157,21 @@ class Qwen3VLPosEmbedFix(Fix):
 
     def hook_loaded_model(self, model) -> list:
         return hook_towers(model)
+
+    def attach(self, patcher, key: str) -> None:
+        """The injection, plus a detach callback: ComfyUI unloading the model frees the resident tables."""
+        super().attach(patcher, key)
+        on_detach = _on_detach_event()
+        if on_detach is not None and hasattr(patcher, "add_callback_with_key"):
+            patcher.remove_callbacks_with_key(on_detach, key)
+            patcher.add_callback_with_key(on_detach, key, _on_detach)
+
+    def detach(self, patcher, key: str) -> None:
+        super().detach(patcher, key)
+        on_detach = _on_detach_event()
+        if on_detach is not None and hasattr(patcher, "remove_callbacks_with_key"):
+            patcher.remove_callbacks_with_key(on_detach, key)
+        drop_resident_tables(patcher.model)
 
 
 FIX = Qwen3VLPosEmbedFix()

@@ -31,6 +31,12 @@ class SimulatedDevice:
     total_mb: float = 2048
     int_mm: bool = True
     current: int = 0  # the device ComfyUI loads models on (npu:current)
+    # --force-fp32 also keeps text encoders on the CPU (ComfyUI's text_encoder_device wants fp16 on the device): a
+    # test of a text encoder on the device turns it off and compares with a --cpu run in the same dtypes
+    force_fp32: bool = True
+
+    def options(self) -> tuple[str, ...]:
+        return tuple(option for option in SIMULATED_DEVICE_OPTIONS if self.force_fp32 or option != "--force-fp32")
 
     def environment(self) -> dict:
         if str(SIMULATED_DEVICE) not in sys.path:
@@ -91,7 +97,7 @@ def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None =
     ``base/comfyui.log``."""
     port = free_port()
     log_path = base / "comfyui.log"
-    placement = SIMULATED_DEVICE_OPTIONS if device else ("--cpu",)
+    placement = device.options() if device else ("--cpu",)
     command = [sys.executable, "main.py", *placement, "--listen", "127.0.0.1", "--port", str(port),
                "--disable-auto-launch", "--base-directory", str(base), *options]
     if input_directory is not None:

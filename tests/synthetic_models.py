@@ -32,8 +32,9 @@ TINY_CONFIGS = {
     "comfy.ldm.minimax.vae.ViT3DDecoder": {"num_layers": 1, "heads": 2, "dim_head": 32},
     "comfy.ldm.minimax.audio_vae.MiniMaxH3AudioVAE": {"encoder_dim": 4, "latent_dim": 64, "decoder_dim": 128},
     # the H3 text encoder keeps its 50 layers (ComfyUI detects it by layer 49), its vocabulary (the vision markers'
-    # ids) and its head size (the MRoPE sections are a class attribute); the tower keeps its patch and merge sizes
-    "comfy.text_encoders.llama.Qwen3VL_32BConfig": {"hidden_size": 32, "intermediate_size": 64,
+    # ids) and its head size (the MRoPE sections are a class attribute); the tower keeps its patch and merge sizes;
+    # its width is the tiny DiT's text width (H3_TINY_DIT) and its tokenizer ComfyUI's own (qwen25_tokenizer)
+    "comfy.text_encoders.llama.Qwen3VL_32BConfig": {"hidden_size": 64, "intermediate_size": 64,
                                                     "num_attention_heads": 2, "num_key_value_heads": 1},
     "comfy.text_encoders.qwen3vl.QWEN3VL_VISION": {
         "qwen3vl_32b": {"hidden_size": 64, "intermediate_size": 128, "depth": 3, "deepstack_visual_indexes": [0, 1, 2]}},
@@ -42,6 +43,7 @@ MUSIC3_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_int8_convrot.safe
 MUSIC3_DAV_FILE = "minimax_music3_dav.safetensors"
 H3_VIDEO_VAE_FILE = "minimax_h3_video_vae_int8_convrot.safetensors"
 H3_AUDIO_VAE_FILE = "minimax_h3_audio_vae_fp32.safetensors"
+H3_TEXT_ENCODER_FILE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # the workflows' name; written in bfloat16
 H3_DIT_FILES = ("minimax_h3_fl2va_pruned_int8_convrot.safetensors", "minimax_h3_ref2va_pruned_int8_convrot.safetensors")
 # ComfyUI reads every one of these from the H3 DiT file's shapes; latents_dim and audio_latents_dim keep the real
 # latent formats' channel counts; the rope rotates 3 axes x 2 x rope_inv_freq_len of each head's dimensions
@@ -174,6 +176,7 @@ def write_models(models_dir: Path) -> dict[str, Path]:
     generator = torch.Generator().manual_seed(SEED)
     files = {("text_encoders", MUSIC3_TEXT_ENCODER_FILE): music3_text_encoder,
              ("vae", MUSIC3_DAV_FILE): music3_dav,
+             ("text_encoders", H3_TEXT_ENCODER_FILE): h3_text_encoder,
              ("vae", H3_VIDEO_VAE_FILE): h3_video_vae, ("vae", H3_AUDIO_VAE_FILE): h3_audio_vae,
              **{("diffusion_models", name): h3_dit for name in H3_DIT_FILES}}
     written = {}

@@ -126,12 +126,21 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.APPLIED)
     clone = patcher.clone()
     seen = gather_devices(holder.visual)
+    hooked = []
     for each in (patcher, clone):
         each.inject_model()
+        hooked.append("fast_pos_embed_interpolate" in vars(holder.visual))
         holder.visual(pixels().to("meta"), torch.tensor(GRID))
         each.eject_model()
+        hooked.append("fast_pos_embed_interpolate" in vars(holder.visual))
         holder.visual(pixels().to("meta"), torch.tensor(GRID))
-    assert seen == ["meta", "cpu", "meta", "cpu"]
+    assert hooked == [True, False, True, False]
+    # The first injected call casts the table to meta through pos_embed; the clone's reuses it (no gather call);
+    # ejected, the stock method gathers on the CPU.
+    assert seen == ["meta", "cpu", "cpu"]
+    assert fix.resident_tables(holder.visual).resident_bytes() > 0
+    clone.detach(unpatch_all=False)  # ComfyUI unloading the model (meta weights cannot move back)
+    assert fix.resident_tables(holder.visual).resident_bytes() == 0
 
 
 def test_off_switch(monkeypatch):

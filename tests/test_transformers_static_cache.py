@@ -13,6 +13,7 @@ logits on the host, as a device model's would be copied back.
 
 import collections
 import functools
+import json
 import os
 import re
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 import torch
 import transformers
 
+from generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
 from minimax_hotfix.kernels.transformers_static_cache import move_nested, nested_tensors
@@ -45,30 +47,6 @@ affected_only = pytest.mark.skipif(not ON_AFFECTED, reason=f"needs transformers 
 latest_only = pytest.mark.skipif(ON_AFFECTED, reason="checks the venv's latest transformers")
 
 MISMATCH = "found at least two devices, cuda:0 and cpu"
-PROMPT = torch.tensor([[0, 5, 6, 7, 8], [3, 4, 5, 6, 7]])
-PADDED = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding: the mask is not skipped
-GENERATE = dict(max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0,
-                disable_compile=True)  # FakeTensor cannot compile for cuda on a CPU-only torch
-
-
-def tiny_qwen3():
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                      max_position_embeddings=64)
-    return transformers.Qwen3ForCausalLM(config).eval()
-
-
-def tiny_gemma3():
-    torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                           max_position_embeddings=64, sliding_window=4,
-                                           layer_types=["sliding_attention", "full_attention"])
-    return transformers.Gemma3ForCausalLM(config).eval()
-
-
-TINY_MODELS = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
 
 
 @pytest.fixture
@@ -318,6 +296,36 @@ def test_transformers_5_19_subprocess():
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "passed" in summary and "skipped" not in summary and "deselected" in summary, summary
+
+
+@pytest.mark.parametrize("version", ["latest", AFFECTED])
+def test_seed_003_on_the_simulated_accelerator(version):
+    """The seed end to end on a device that holds data: tiny Gemma 3 and Qwen3 on ``npu:0``, inputs in CPU RAM,
+    generate(cache_implementation="static") (tests/generate_on_simulated_device.py, a subprocess per version).
+    5.19: red without the pack (the device's mixed-device error), green with it, ids equal to the all-CPU run.
+    Latest: fixed upstream, both complete with equal ids and the pack installs nothing."""
+    env = dict(os.environ)
+    env.pop(pack_registry.DISABLE_ENV, None)
+    if version == AFFECTED:
+        overlay = ROOT / ".venv" / "extra" / f"transformers-{AFFECTED}"
+        if not (overlay / "transformers").is_dir():
+            pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")]))
+    elif ON_AFFECTED:
+        pytest.skip("runs from the latest transformers' run")
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "generate_on_simulated_device.py")], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    print(json.dumps(report, indent=1))
+    for name, run in report["models"].items():
+        assert run["pack"].get("ids") == run["cpu"], (name, run["pack"])
+        if version == AFFECTED:
+            assert report["fix_state"] == "APPLIED" and report["probe"]["masks"] == "APPLIED"
+            assert run["stock"].get("error", "").startswith(
+                "Expected all tensors to be on the same device, but found at least two devices, npu:0 and cpu!"), run
+        else:
+            assert report["fix_state"] == "FIXED_UPSTREAM" and run["stock"] == run["pack"], run
 
 
 # -- transformers 5.19.0: both bugs, red without the shim, green with it ----------------------------------------

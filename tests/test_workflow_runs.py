@@ -54,9 +54,7 @@ H3_WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("minimax_h3_*.json"))
 H3_CONDITIONING = {"MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo"}
 H3_CANVAS = {"width": 64, "height": 64, "length": 5}  # 5 frames, the smallest of the 17k+5 grid: latent 24x2x4x4
 H3_STEPS = 2
-H3_TEXT_ENCODER_STAND_IN = "TestProbeMiniMaxH3TextEncoder"
-H3_NOT_RUN = {"CLIPLoader": "the Qwen3-VL-32B text encoder (50 layers) is hard-coded in ComfyUI, far beyond "
-                                         "a CPU: TestProbeMiniMaxH3TextEncoder stands in for it"}
+H3_NOT_RUN: dict = {}
 FIX_LOG = re.compile(r"MiniMax Hotfix: (\w+) (attached to \w+ .*|hooked \d+ module\(s\) of \w+.*)$")
 
 
@@ -189,24 +187,22 @@ def test_music3_runs_identically_with_pack_and_stock_loaders(server):
 
 
 def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
-    """The workflow as the frontend queues it with the text encoder loader replaced by the probe's stand-in, a tiny
-    canvas (H3_CANVAS), H3_STEPS steps; probe nodes save the sampler's latent and the decoded frames and audio."""
+    """The workflow as the frontend queues it with a tiny canvas (H3_CANVAS), H3_STEPS steps; probe nodes save the
+    conditioning (the text encoder's hidden states), the sampler's latent and the decoded frames and audio."""
     prompt = ui_to_api(workflow, object_info)
-    (encoder,) = [key for key, node in prompt.items() if stock_type(node["class_type"]) == "CLIPLoader"]
-    prompt[encoder] = {"class_type": H3_TEXT_ENCODER_STAND_IN,
-                       "inputs": {"text_dim": synthetic_models.H3_TINY_DIT["text_dim"]}}
     (conditioning,) = [key for key, node in prompt.items() if node["class_type"] in H3_CONDITIONING]
     prompt[conditioning]["inputs"].update(H3_CANVAS)
     prompt[node_id(prompt, "BasicScheduler")]["inputs"]["steps"] = H3_STEPS
     prompt[node_id(prompt, "SaveVideo")]["inputs"]["filename_prefix"] = f"video/{tag}"
     prompt["probe_sampled"] = {"class_type": "TestProbeSaveTensors", "inputs": {
-        "filename": f"{tag}_sampled", "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
+        "filename": f"{tag}_sampled", "conditioning": [conditioning, 0],
+        "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
         "images": [node_id(prompt, "VAEDecode"), 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
     return prompt
 
 
 @pytest.mark.parametrize("path", H3_WORKFLOWS, ids=lambda p: p.stem)
 def test_h3_runs_identically_with_pack_and_stock_loaders(path, server):
-    runs = run_with_pack_and_stock_loaders(server, path, h3_prompt, H3_NOT_RUN, stand_ins={H3_TEXT_ENCODER_STAND_IN})
+    runs = run_with_pack_and_stock_loaders(server, path, h3_prompt, H3_NOT_RUN)
     for tensors, _ in runs.values():
         assert tensors["sampled.images"].shape == (H3_CANVAS["length"], H3_CANVAS["height"], H3_CANVAS["width"], 3)
