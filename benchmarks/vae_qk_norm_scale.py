@@ -146,7 +146,7 @@ def main() -> None:
     rounds = options.rounds
     vae, attention_module = comfy_vae()
     state = FIX.detect().state
-    print(f"detected: {state.value}" + ("" if state is State.APPLIED else
+    print(f"detected: {state.value}" + ("" if state is State.NEEDED else
                                         " (the pack would not attach the fix here; attached directly to compare)"))
     overhead(vae, rounds)
     copies_per_decode(vae, attention_module)

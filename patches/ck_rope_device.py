@@ -90,7 +90,7 @@ class CkRopeDevice(Fix):
             return Status(State.FAILED, f"rope signatures changed ({'; '.join(drifted)}); fix left off")
         if eager_aligns_devices():
             return Status(State.FIXED_UPSTREAM, "comfy-kitchen's eager rope moves a stray scale to the input itself")
-        return Status(State.APPLIED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "
+        return Status(State.NEEDED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "
                                      "the call to eager, which fails")
 
     def _log_first_move(self, function: str, operand: str, source, target) -> None:

@@ -90,7 +90,7 @@ class Int8FullPrecisionMM(Fix):
             parts.append(f"{kind.name} ({kind.target}) {verdict} ({kind.built_by})")
         if not any(reaching.values()):
             return Status(State.FIXED_UPSTREAM, "; ".join(parts))
-        return Status(State.APPLIED, "; ".join(parts) + ". Diverted to a dequantized weight on devices where the op "
+        return Status(State.NEEDED, "; ".join(parts) + ". Diverted to a dequantized weight on devices where the op "
                                                         "is missing, for the kinds that need it")
 
     def kinds_reaching_int_mm(self, ops) -> dict[str, list[str]]:
@@ -156,7 +156,7 @@ class Int8FullPrecisionMM(Fix):
     def injection(self):
         """Diverts the model's int8 layers after each load, but only when its load device lacks int8 compute, so a
         model on a CUDA device is left exactly as the stock loader made it."""
-        divert = model_injection(self.divert_int8_layers, self.id)
+        divert = model_injection(self.divert_int8_layers, self)
 
         def inject(patcher) -> None:
             if not int8_compute_available(patcher.load_device):
@@ -164,6 +164,7 @@ class Int8FullPrecisionMM(Fix):
             else:
                 log.info("MiniMax Hotfix: %s hooked 0 module(s) of %s: %s has int8 compute", self.id,
                          type(patcher.model).__name__, patcher.load_device)
+                self.link.hooked(patcher.model, 0)
 
         return type(divert)(inject=inject, eject=divert.eject)
 

@@ -69,7 +69,7 @@ class Music3GraphBuffers(Fix):
                                           "parameter with init_decode_buffers: the code drifted, fix left off")
         if "decode_buffers" in inspect.getsource(ar.MiniMaxMusic3AR.generate):
             return Status(State.FIXED_UPSTREAM, "MiniMaxMusic3AR.generate passes decode_buffers (#16428)")
-        return Status(State.APPLIED, "MiniMaxMusic3AR.generate calls Llama2_ without decode_buffers: graphed decode "
+        return Status(State.NEEDED, "MiniMaxMusic3AR.generate calls Llama2_ without decode_buffers: graphed decode "
                                      "steps clone the hidden state and replays read stale addresses (#16222)")
 
     def hook_loaded_model(self, text_encoder) -> list:

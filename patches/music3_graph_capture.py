@@ -78,7 +78,7 @@ class Music3GraphCapture(Fix):
         if not callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)):
             return Status(State.FAILED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
                                           "fix left off")
-        return Status(State.APPLIED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
+        return Status(State.NEEDED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
                                      "or host-resident unit fails capture (#16002)")
 
     def hook_loaded_model(self, text_encoder) -> list:

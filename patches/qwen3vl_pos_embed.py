@@ -97,7 +97,7 @@ class Qwen3VLPosEmbedFix(Fix):
         if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_QWEN3VL_GRID))):
             return Status(State.FAILED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
-        return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
+        return Status(State.NEEDED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
                                      "with the weight in CPU RAM (dynamic VRAM, lowvram offload) every image "
                                      "interpolates on the CPU (no crash: forward moves the result)")
 

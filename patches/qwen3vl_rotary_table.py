@@ -101,7 +101,7 @@ class Qwen3VLRotaryTableFix(Fix):
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
             return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "
                                         "pack's compute-device copy (table changed upstream): fix left off")
-        return Status(State.APPLIED, "rot_pos_emb builds the rotary table on the inv_freq buffer's device: a load "
+        return Status(State.NEEDED, "rot_pos_emb builds the rotary table on the inv_freq buffer's device: a load "
                                      "that is not full leaves it in CPU RAM, so every image builds the table on "
                                      "the CPU and sends it over the bus (no crash: forward moves the result)")
 

@@ -157,7 +157,7 @@ class VaeQkNormScale(Fix):
             return Status(State.FAILED, f"Attention.forward's source cannot be read ({exc}); fix left off")
         if not raw:
             return Status(State.FIXED_UPSTREAM, "Attention.forward no longer hands qk_norm_scale to the kernel as is")
-        return Status(State.APPLIED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
+        return Status(State.NEEDED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
                                      "that is not full leaves it on the CPU")
 
     def hook_loaded_model(self, model) -> list:

@@ -22,7 +22,7 @@ class SelfTestedFix(Fix):
         self.green_passes = green_passes
 
     def detect(self):
-        return Status(State.APPLIED, "test fix")
+        return Status(State.NEEDED, "test fix")
 
     def self_test(self):
         yield Check("red: bug reproduces with the fix off", True)
@@ -48,7 +48,7 @@ def test_passing_self_tests_exit_zero_and_are_listed(registry):
     registry(SelfTestedFix(green_passes=True))
     code, text = doctor_output()
     assert code == 0
-    for expected in ("torch", "comfy-kitchen", "transformers", "devices", "test_self_tested  applied",
+    for expected in ("torch", "comfy-kitchen", "transformers", "devices", "test_self_tested  needed",
                      "ok    red: bug reproduces", "all self-tests passed"):
         assert expected in text
 

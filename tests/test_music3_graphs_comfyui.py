@@ -127,7 +127,7 @@ def loaded(comfy, encoder, with_pack):
     if with_pack:
         attached = pack_registry.attach_fixes(patcher, "clip")  # honours MINIMAX_HOTFIX_DISABLE, as the loaders do
         assert [fix.id in attached for fix in (BUFFERS, CAPTURE)] == [
-            pack_registry.status(fix).state is State.APPLIED for fix in (BUFFERS, CAPTURE)]
+            pack_registry.status(fix).state is State.NEEDED for fix in (BUFFERS, CAPTURE)]
     comfy.model_management.load_models_gpu([patcher], force_full_load=True)
     return patcher
 
@@ -147,9 +147,9 @@ def has_cross_step_buffers(comfy) -> bool:
 def test_detection_follows_the_code_of_this_checkout(comfy):
     expected = State.NOT_AFFECTED if has_cross_step_buffers(comfy) else (
         State.FIXED_UPSTREAM if "decode_buffers" in inspect.getsource(comfy.ar.MiniMaxMusic3AR.generate)
-        else State.APPLIED)
+        else State.NEEDED)
     assert BUFFERS.detect().state is expected, BUFFERS.detect()
-    assert CAPTURE.detect().state is State.APPLIED, CAPTURE.detect()
+    assert CAPTURE.detect().state is State.NEEDED, CAPTURE.detect()
 
 
 def test_noise_without_the_pack_where_the_core_has_the_bug(comfy, graphs):
@@ -158,7 +158,7 @@ def test_noise_without_the_pack_where_the_core_has_the_bug(comfy, graphs):
     graphs_off = generate(encoder, graphs, enabled=False)
     graphs_on = generate(encoder, graphs, enabled=True)
     assert len(graphs.graphs) == 1 + TINY_CONFIG["num_hidden_layers"]
-    if BUFFERS.detect().state is State.APPLIED:
+    if BUFFERS.detect().state is State.NEEDED:
         assert (graphs_on - graphs_off).abs().max() > 0.1  # red: stale replay addresses
     else:
         assert torch.equal(graphs_on, graphs_off)  # this core keeps static buffers itself
@@ -174,7 +174,7 @@ def test_with_the_pack_graphs_on_equal_graphs_off(comfy, graphs):
 
 
 def test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward(comfy, graphs, monkeypatch):
-    if BUFFERS.detect().state is not State.APPLIED:
+    if BUFFERS.detect().state is not State.NEEDED:
         pytest.skip(f"music3_graph_buffers is {BUFFERS.detect().state.value} on this core")
     seen = []
     original = comfy.llama.Llama2_.forward

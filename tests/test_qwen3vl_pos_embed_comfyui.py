@@ -48,7 +48,7 @@ def gather_devices(tower):
 
 def test_detect_applies_on_this_comfyui():
     status = pack_registry.status(fix.FIX)
-    assert status.state is pack_registry.State.APPLIED, status.reason
+    assert status.state is pack_registry.State.NEEDED, status.reason
     assert "interpolates on the CPU" in status.reason
 
 
@@ -123,7 +123,7 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("cpu"),
                                                offload_device=torch.device("cpu"))
     attached = pack_registry.attach_fixes(patcher, "clip")  # as the pack's CLIP loader: MINIMAX_HOTFIX_DISABLE honoured
-    assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.APPLIED)
+    assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.NEEDED)
     clone = patcher.clone()
     seen = gather_devices(holder.visual)
     for each in (patcher, clone):

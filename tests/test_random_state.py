@@ -304,7 +304,7 @@ def test_attach_on_comfyui_keeps_the_random_state(comfyui):
         patcher = backend.patcher(model)
         keeps_random_state([fix.id], "attach on ComfyUI's ModelPatcher, load, forward, unload, detach",
                            lambda: attach_run_detach(backend, patcher, [fix], lambda: run(model)))
-    applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.APPLIED
+    applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.NEEDED
                and set(f.targets) & set(MODEL_TARGETS)]
     for node_id, target in (("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip")):
         stock = backend.patcher(tiny_model()) if target == "model" else ClipStandIn(backend.patcher(tiny_model()))

@@ -22,17 +22,17 @@ import simulated_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
-APPLIED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "applied", "fixed upstream", "not applicable", "not affected"
+NEEDED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "needed", "fixed upstream", "not applicable", "not affected"
 # what every fix must report on 0.33.0, and where a newer core differs from it
-ON_0_33_0 = {"ck_rope_device": APPLIED, "transformers_qwen3vl_pos_embed": APPLIED, "transformers_static_cache": FIXED,
-             "music3_graph_capture": APPLIED, "qwen3vl_pos_embed": APPLIED, "qwen3vl_rotary_table": APPLIED,
-             "int8_full_precision_mm": APPLIED, "music3_graph_buffers": NOT_AFFECTED,
+ON_0_33_0 = {"ck_rope_device": NEEDED, "transformers_qwen3vl_pos_embed": NEEDED, "transformers_static_cache": FIXED,
+             "music3_graph_capture": NEEDED, "qwen3vl_pos_embed": NEEDED, "qwen3vl_rotary_table": NEEDED,
+             "int8_full_precision_mm": NEEDED, "music3_graph_buffers": NOT_AFFECTED,
              "vae_qk_norm_scale": NOT_APPLICABLE}
 STATUS = {
     "0.33.0": ON_0_33_0,
-    "0.36/0.37 VAE": {**ON_0_33_0, "vae_qk_norm_scale": APPLIED},
+    "0.36/0.37 VAE": {**ON_0_33_0, "vae_qk_norm_scale": NEEDED},
     "fixed VAE": {**ON_0_33_0, "vae_qk_norm_scale": FIXED},
-    "post-#15861 Music 3": {**ON_0_33_0, "music3_graph_buffers": APPLIED},
+    "post-#15861 Music 3": {**ON_0_33_0, "music3_graph_buffers": NEEDED},
     # the video VAE and the Music 3 text encoder still need it there (the status reason lists each kind)
     "fixed int8": ON_0_33_0,
     "0.38 Qwen3-VL": ON_0_33_0,
