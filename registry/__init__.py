@@ -104,7 +104,9 @@ class Attachment(NamedTuple):
         if self.installed_process_wide is not None:
             return "installed process-wide" if self.installed_process_wide else "not installed"
         if not self.loaded_models:
-            return "attached to no loaded model"
+            return "attached to no loaded model" + ("" if self.modules_hooked_last_load is None else
+                                                    f" ({self.modules_hooked_last_load} module(s) hooked at the last "
+                                                    "load, of a model since freed)")
         return (f"attached to {self.loaded_models} loaded model(s), {self.modules_hooked_last_load} module(s) hooked "
                 "(last load)")
 
