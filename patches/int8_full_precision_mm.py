@@ -65,9 +65,7 @@ def memory_guard(model_management, fix_id: str):
 
 class Int8FullPrecisionMM(Fix):
     id = FIX_ID
-    title = "int8 models and VAEs on devices without torch._int_mm (Apple MPS): forward and linear_input_act dequantize"
     targets = (Target.MODEL, Target.CLIP, Target.VAE)
-    upstream = "Comfy-Org/ComfyUI#16284 (fixed by #16130 and #16285)"
     retirement = Retirement(
         fixed_by="Comfy-Org/ComfyUI PRs #16130 and #16285 for diffusion models and sd1_clip text encoders; none yet "
                  "for the MiniMax H3 video VAE or the Music 3 text encoder",

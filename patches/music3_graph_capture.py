@@ -58,9 +58,7 @@ def compute_device(text_encoder) -> torch.device:
 
 class Music3GraphCapture(Fix):
     id = FIX_ID
-    title = "MiniMax Music 3: no CUDA-graph capture over GGUF / host-resident units, graphs kept elsewhere"
     targets = (Target.CLIP,)
-    upstream = "Comfy-Org/ComfyUI#16002, molbal/ComfyUI-GGUF#17"
     retirement = Retirement(
         fixed_by="none known: a core whose graph capture skips units that copy from pageable host memory, or a GGUF "
                  "dequantizer without host-built shift tables (molbal/ComfyUI-GGUF#17)",

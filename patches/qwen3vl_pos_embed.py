@@ -68,9 +68,7 @@ def hook_towers(model: torch.nn.Module) -> list:
 
 class Qwen3VLPosEmbedFix(Fix):
     id = "qwen3vl_pos_embed"
-    title = "ComfyUI Qwen3-VL vision tower: position table interpolated on the compute device"
     targets = (Target.CLIP,)
-    upstream = "no ComfyUI issue (same class: verl-project/verl#5571)"
     retirement = Retirement(
         fixed_by="none yet: a core whose Qwen35VisionModel.fast_pos_embed_interpolate builds the table on the "
                  "activations' device",

@@ -73,9 +73,7 @@ def hook_towers(model: torch.nn.Module) -> list:
 
 class Qwen3VLRotaryTableFix(Fix):
     id = "qwen3vl_rotary_table"
-    title = "ComfyUI Qwen3-VL vision tower: rotary table built on the compute device under partial loads"
     targets = (Target.CLIP,)
-    upstream = "no ComfyUI issue (same class: Comfy-Org/ComfyUI#15251, #16390)"
     retirement = Retirement(
         fixed_by="none yet: a core whose Qwen35VisionRotaryEmbedding.forward builds the table on the activations' "
                  "device",

@@ -145,9 +145,7 @@ def reference_tower_class():
 
 class TransformersQwen3VLPosEmbedFix(Fix):
     id = "transformers_qwen3vl_pos_embed"
-    title = "transformers Qwen3-VL vision towers: position table on the compute device (attach_to_transformers_model)"
     targets = ()  # attached by api.attach_to_transformers_model, which other custom nodes call
-    upstream = "verl-project/verl#5571"
     retirement = Retirement(
         fixed_by="none yet: a transformers release whose Qwen3-VL vision tower reconciles pos_embed / grid_thw with "
                  "hidden_states' device",

@@ -157,9 +157,7 @@ def _wrap(generation_module) -> None:
 
 class TransformersStaticCacheFix(Fix):
     id = FIX_ID
-    title = "transformers generate() with a static cache: nested masks to the model device, TP KV heads"
     targets = (Target.PROCESS,)
-    upstream = "huggingface/transformers PR #46590 / #47019 (bug), fixed in 5.20.2"
     retirement = Retirement(
         fixed_by="transformers 5.20.2 (pytorch_utils.move_to_device recurses into containers; get_kv_heads_per_rank "
                  "divides only for a colwise key projection)",

@@ -125,9 +125,7 @@ def hook_decoders(modules) -> list:
 
 class VaeQkNormScale(Fix):
     id = FIX_ID
-    title = "MiniMax H3 video VAE: qk_norm_scale on the compute device under partial offload (no per-call copy)"
     targets = (Target.VAE,)
-    upstream = "Comfy-Org/ComfyUI#16390, #16484; PR #16391"
     retirement = Retirement(
         fixed_by="Comfy-Org/ComfyUI PR #16391 (open), or any core whose Attention.forward moves qk_norm_scale to the "
                  "query's device",
