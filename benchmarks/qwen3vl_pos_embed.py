@@ -86,7 +86,7 @@ def transformers_resident():
 
 
 def comfyui_resident_and_offloaded():
-    from minimax_hotfix.registry.comfy import use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
 
     if use_comfyui_checkout() is None:
         print("ComfyUI tower: skipped (set COMFYUI_PATH)")

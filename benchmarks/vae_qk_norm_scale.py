@@ -26,7 +26,7 @@ load_pack()
 from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
-from minimax_hotfix.registry.comfy import use_comfyui_checkout  # noqa: E402
+from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
 from minimax_hotfix.registry.contract import State  # noqa: E402
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing  # noqa: E402
 

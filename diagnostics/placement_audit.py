@@ -698,7 +698,9 @@ def main(model_files: list[str], as_json: bool) -> int:
     """``tools/doctor.py --audit [FILES...]``: print the audit of the built-in configurations, or of the models in
     ``model_files`` (``placement_audit_files``); exit 1 when the pack leaves a finding it does not accept, 2 when
     ComfyUI is not importable or a file cannot be audited."""
-    from minimax_hotfix.registry.comfy import comfy_module, use_comfyui_checkout
+    from minimax_hotfix.registry.comfy import comfy_module
+
+    from .comfyui_checkout import use_comfyui_checkout
 
     use_comfyui_checkout()
     if comfy_module("comfy.model_patcher") is None:

@@ -31,8 +31,9 @@ import re
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, grid_shapes, hook_comfy_towers, interpolated_position_table
-from ..registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ..kernels.qwen3vl_pos_embed import (TINY_QWEN3VL_GRID, compute_device, grid_shapes, hook_comfy_towers,
+                                         interpolated_position_table, tiny_qwen3vl_tower)
+from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
@@ -88,7 +89,8 @@ class Qwen3VLPosEmbedFix(Fix):
         if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
-        tower = tiny_qwen3vl_tower()
+        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
+                                   comfy_module("comfy.ops").manual_cast)
         ours = interpolated_position_table(tower.pos_embed, TINY_QWEN3VL_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))

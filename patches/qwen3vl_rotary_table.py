@@ -33,9 +33,9 @@ import re
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table
+from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
 from ..kernels.resident_copies import DropCopies, ResidentCopies
-from ..registry.comfy import comfy_module, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
@@ -94,7 +94,8 @@ class Qwen3VLRotaryTableFix(Fix):
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):
             return Status(State.FIXED_UPSTREAM, "Qwen35VisionRotaryEmbedding.forward no longer takes its device "
                                                 "from the inv_freq buffer")
-        tower = tiny_qwen3vl_tower()
+        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
+                                   comfy_module("comfy.ops").manual_cast)
         rotary = tower.rotary_pos_emb
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
             return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "

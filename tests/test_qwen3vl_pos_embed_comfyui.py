@@ -14,7 +14,7 @@ from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
-from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from minimax_hotfix.registry.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test
 

@@ -17,7 +17,7 @@ from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import outputs, tin
 from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on, rotary_frequency_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as position_fix
 from minimax_hotfix.patches import qwen3vl_rotary_table as fix
-from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
 GRID = TINY_QWEN3VL_GRID
 META = torch.device("meta")

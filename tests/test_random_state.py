@@ -277,7 +277,7 @@ def comfy_models():
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
-    from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+    from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
     music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)  # noqa

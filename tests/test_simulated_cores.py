@@ -142,7 +142,7 @@ import json, sys
 sys.path.insert(0, {tools!r})
 from doctor import load_pack
 load_pack()
-from minimax_hotfix.registry.comfy import use_comfyui_checkout
+from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
 use_comfyui_checkout()
 from minimax_hotfix import registry as pack_registry
 print(json.dumps({{fix_id: pack_registry.status(fix).state.value for fix_id, fix in pack_registry.all_fixes().items()}}))

@@ -90,7 +90,7 @@ def run(args) -> int:
         print(f"minimax-hotfix {pack_release()}")
         return 0
     require_torch()
-    from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import ComfyUIUnavailable, use_comfyui_checkout
 
     try:
         use_comfyui_checkout()
