@@ -12,34 +12,17 @@ server start, two tiny decodes.
 from __future__ import annotations
 
 import inspect
-import json
-import time
 from pathlib import Path
 
 import pytest
 
 import simulated_cores
 import synthetic_models
-from comfyui_server import comfyui_with_pack, http
+from comfyui_server import comfyui_with_pack, run_prompt
 from minimax_hotfix.benchmarks import _linear_input_act
 
 CORE = "0.36/0.37 VAE"
-RUN_TIMEOUT_S = 300
 LATENT = {"width": 64, "height": 64, "length": 5, "batch_size": 1}
-
-
-def run_prompt(url: str, prompt: dict, log: Path) -> dict:
-    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
-    assert status == 200, body.decode()
-    prompt_id = json.loads(body)["prompt_id"]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
-        if entry and entry["status"].get("completed") is not None:
-            assert entry["status"]["status_str"] == "success", json.dumps(entry["status"])[-3000:] + log.read_text()[-4000:]
-            return entry
-        time.sleep(0.5)
-    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + log.read_text()[-4000:])
 
 
 def decode_with(loader: str) -> dict:
@@ -65,11 +48,10 @@ def test_status_node_after_a_stock_and_a_pack_vae_loader_in_one_server(comfyui, 
     synthetic_models.write_models(base / "models")
     with comfyui_with_pack(core, base, Path(__file__).with_name("comfyui_probe")) as (url, _):
         # ComfyUI's cache keeps both loaders' VAEs alive after the first prompt, as in a user's session
-        log = base / "comfyui.log"
         prompt = {"latent": {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": LATENT},
                   **decode_with("VAELoader"), **decode_with("MiniMaxHotfixVAELoader")}
-        run_prompt(url, prompt, log)
-        entry = run_prompt(url, {"status": {"class_type": "MiniMaxHotfixStatus", "inputs": {}}}, log)
+        run_prompt(url, prompt, base)
+        entry = run_prompt(url, {"status": {"class_type": "MiniMaxHotfixStatus", "inputs": {}}}, base)
     (report,) = entry["outputs"]["status"]["text"]
     print(f"\nMiniMax Hotfix Status on {CORE!r} after a stock and a pack VAE decode:\n{report}")
     rows = status_rows(report)
