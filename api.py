@@ -30,7 +30,7 @@ def attach_to_transformers_model(model) -> list[str]:
                     registry.broken_modules().get(TRANSFORMERS_QWEN3VL_POS_EMBED, "not found"))
         return []
     found = registry.status(fix)
-    if found.state is not State.APPLIED:
+    if found.state is not State.NEEDED:
         log.info("MiniMax Hotfix: %s not attached: %s (%s)", fix.id, found.state.value, found.reason)
         return []
     return fix.attach_to_towers(model)

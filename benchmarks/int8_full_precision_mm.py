@@ -65,7 +65,7 @@ def main() -> int:
     load_pack()
     from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
     from minimax_hotfix.registry import key_for
-    from minimax_hotfix.registry.comfy import use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
     from minimax_hotfix.diagnostics.report import comfyui_version
     from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
     from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK

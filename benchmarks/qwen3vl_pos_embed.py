@@ -153,7 +153,7 @@ def comfyui_bytes_per_forward():
 if __name__ == "__main__":
     torch.set_num_threads(1)
     transformers_resident()
-    from minimax_hotfix.registry.comfy import use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
 
     if use_comfyui_checkout() is None:
         print("ComfyUI tower: skipped (set COMFYUI_PATH)")

@@ -26,7 +26,7 @@ load_pack()
 
 from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
-from minimax_hotfix.registry.comfy import use_comfyui_checkout  # noqa: E402
+from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
 
 META = torch.device("meta")
 INPUTS = {"1024x1024 reference image": [[1, 64, 64]], "4-frame 448x448 clip": [[2, 28, 28]],

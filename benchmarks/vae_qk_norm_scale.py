@@ -26,7 +26,7 @@ load_pack()
 from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
-from minimax_hotfix.registry.comfy import use_comfyui_checkout  # noqa: E402
+from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
 from minimax_hotfix.registry.contract import State  # noqa: E402
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing  # noqa: E402
 
@@ -146,7 +146,7 @@ def main() -> None:
     rounds = options.rounds
     vae, attention_module = comfy_vae()
     state = FIX.detect().state
-    print(f"detected: {state.value}" + ("" if state is State.APPLIED else
+    print(f"detected: {state.value}" + ("" if state is State.NEEDED else
                                         " (the pack would not attach the fix here; attached directly to compare)"))
     overhead(vae, rounds)
     copies_per_decode(vae, attention_module)

@@ -25,10 +25,13 @@ import sys
 from dataclasses import asdict
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import placement_audit
+from . import placement_runs
+from .placement_models import models
+from .placement_recorder import COMPUTE
 
 SMALL = 1024  # elements: tensors this small are read for real (loaders read configs, scales and flags by value)
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -79,8 +82,6 @@ class Header:
     def fake_state_dict(self) -> dict:
         """The state dict a loader sees, built under the audit's fake mode: FakeTensors with the file's shapes and
         dtypes, and the small tensors' real values."""
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         state = {}
         for key, shape in self.shapes.items():
             if math.prod(shape) <= SMALL or (self.dtypes[key] == torch.uint8 and len(shape) == 1):
@@ -199,13 +200,11 @@ class _RealOperandsStayReal(TorchDispatchMode):
     which a fake mode would turn into FakeTensors first. Factories and ops on the fake weights stay fake."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
         kwargs = kwargs or {}
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         target = kwargs.get("device")
         if tensors and not any(isinstance(t, FakeTensor) for t in tensors) and (
-                target is None or torch.device(target).type != placement_audit.COMPUTE.type):
+                target is None or torch.device(target).type != COMPUTE.type):
             with unset_fake_temporarily():
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
@@ -250,12 +249,12 @@ def _check_built(module, found: Identified):
 def file_models(found: Identified, on_device: bool) -> tuple[list, list]:
     """``placement_audit`` models built from the file (same names and calls as the built-in ones), and rows for the
     models the file holds that cannot be audited."""
-    specs = {spec.name: spec for spec in placement_audit.models()}
+    specs = {spec.name: spec for spec in models()}
     audited, not_audited = [], []
     for name, path in found.models.items():
         spec = specs[name]
         if spec.build is None:  # this core lacks the class (the loader would fail on the file before this)
-            not_audited.append(placement_audit.Row(name, "-", "-", not_audited=spec.unavailable))
+            not_audited.append(placement_runs.Row(name, "-", "-", not_audited=spec.unavailable))
             continue
 
         def build(path=path):
@@ -265,7 +264,7 @@ def file_models(found: Identified, on_device: bool) -> tuple[list, list]:
     return audited, not_audited
 
 
-def audit_files(paths: list[str], budgets=None) -> list[placement_audit.Row]:
+def audit_files(paths: list[str], budgets=None, show_progress=False) -> list[placement_runs.Row]:
     """Every MiniMax model in ``paths`` at every load (``budgets``: default every budget and dynamic), pack off and
     on, each row's model named with its file. ``ModelFileError`` names the first file that cannot be audited, before
     any audit runs."""
@@ -274,7 +273,7 @@ def audit_files(paths: list[str], budgets=None) -> list[placement_audit.Row]:
     for each in found:
         on_device = torch.cuda.is_available() and each.header.format == "safetensors"
         audited, not_audited = file_models(each, on_device)
-        for row in placement_audit.audit(budgets, audited=audited, on_device=on_device) + not_audited:
+        for row in placement_runs.audit(budgets, audited=audited, on_device=on_device, show_progress=show_progress) + not_audited:
             row.model = f"{row.model} ({os.path.basename(each.header.path)}, "
             row.model += f"{'cuda:0' if on_device else 'FakeTensor cuda:0'})"
             rows.append(row)
@@ -285,9 +284,9 @@ def main(model_files: list[str], as_json: bool) -> int:
     """The audit of ``model_files`` (``placement_audit.main`` with files): the table (or JSON); exit 2 with one line
     on stderr for a file the audit cannot take, 1 when the pack leaves a finding it does not accept."""
     try:
-        rows = audit_files(model_files)
+        rows = audit_files(model_files, show_progress=True)
     except ModelFileError as exc:
         print(f"placement audit: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps([asdict(r) for r in rows], indent=1) if as_json else placement_audit.table(rows))
-    return placement_audit.exit_code(rows)
+    print(json.dumps([asdict(r) for r in rows], indent=1) if as_json else placement_runs.table(rows))
+    return placement_runs.exit_code(rows)

@@ -12,13 +12,14 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..registry import all_fixes, status
+from ..registry import all_fixes, attachment, status
 from ..registry.contract import Check, Fix, package_version
 from ..registry.status_table import retirement_rows, status_rows, status_table, text_table
 from . import self_test
+from .progress import progress
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def pack_version() -> str:
@@ -110,16 +111,21 @@ def step_kind(check: Check) -> str:
     return kind if kind in ("red", "green") else "other"
 
 
-def doctor_report(fixes: list[Fix] | None = None) -> dict:
-    """The doctor's JSON document (docs/doctor.md): environment, states and self-tests of ``fixes`` (default all)."""
-    tests = [run_self_test(fix) for fix in (all_fixes().values() if fixes is None else fixes)]
+def doctor_report(fixes: list[Fix] | None = None, show_progress: bool = False) -> dict:
+    """The doctor's JSON document (docs/doctor.md): environment, states and self-tests of ``fixes`` (default all);
+    with ``show_progress``, each self-test (done/total, elapsed) on stderr as it runs."""
+    tested = list(all_fixes().values() if fixes is None else fixes)
+    if show_progress:
+        tested = progress(tested, "self-tests", lambda fix: fix.id)
+    tests = [run_self_test(fix) for fix in tested]
     failed = sum(test.failed for test in tests)
     retirement = {fix_id: {"fixed_by": fixed_by, "delete_when": delete_when}
                   for fix_id, fixed_by, delete_when in retirement_rows(fixes)}
+    attached = {fix.id: attachment(fix)._asdict() for fix in (all_fixes().values() if fixes is None else fixes)}
     return {
         "schema_version": SCHEMA_VERSION,
         "environment": {key: value for key, _, value in environment()},
-        "fixes": [{"id": fix_id, "state": state, "reason": reason,
+        "fixes": [{"id": fix_id, "state": state, "reason": reason, "attached": attached.get(fix_id),
                    **retirement.get(fix_id, {"fixed_by": None, "delete_when": None})}
                   for fix_id, state, reason in status_rows(fixes)],
         "self_tests": [

@@ -13,6 +13,8 @@
 * ``gather_rows``: an embedding lookup whose weight lives on another device than its result is needed on.
 * ``rotary_frequency_table``: the vision rotary table (position x inverse frequency), on the inverse frequencies'
   device (``patches/qwen3vl_rotary_table.py`` hands it a copy on the compute device).
+* ``tiny_qwen3vl_tower``: a random tiny ComfyUI tower from the class and ops the caller hands in, which both ComfyUI
+  Qwen3-VL fixes' detection runs (``diagnostics/tiny_qwen3vl.py`` binds it to ComfyUI for self-tests and tests).
 """
 
 from __future__ import annotations
@@ -259,3 +261,18 @@ def hook_comfy_towers(model: torch.nn.Module, tower_class: type, hook: Callable[
             handles += track_compute_device(module, "x", refine_from=module.patch_embed)
             handles.append(hook(module))
     return handles
+
+
+TINY_QWEN3VL_TOWER = dict(spatial_merge_size=2, patch_size=4, hidden_size=32, num_heads=2, num_position_embeddings=64,
+                          temporal_patch_size=2, in_channels=3, intermediate_size=48, depth=1, out_hidden_size=40)
+TINY_QWEN3VL_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
+
+
+def tiny_qwen3vl_tower(vision_model_class: type, ops, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A random tiny ``vision_model_class`` (ComfyUI's ``Qwen3VLVisionModel``) on the CPU with ``ops``; the same
+    weights whatever the ops (its own generator: the global random state is left alone)."""
+    generator = torch.Generator().manual_seed(0)
+    tower = vision_model_class({**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype, ops=ops)
+    for parameter in tower.parameters():
+        parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
+    return tower

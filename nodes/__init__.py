@@ -114,10 +114,11 @@ class MiniMaxHotfixApplyModel(_ApplyFixes):
 
 
 class MiniMaxHotfixStatus:
-    DESCRIPTION = "Shows, for this ComfyUI, each MiniMax Hotfix fix: applied, fixed upstream, not applicable, " \
-                  "not affected, failed (its import, detection or target code broke) or disabled (switched off by " \
-                  "MINIMAX_HOTFIX_DISABLE), with the reason; then, per fix, the upstream change that makes it " \
-                  "obsolete and when its file can be deleted."
+    DESCRIPTION = "Shows, for this ComfyUI, each MiniMax Hotfix fix's state: needed (this core has the bug), fixed " \
+                  "upstream, not applicable, not affected, failed (its import, detection or target code broke) or " \
+                  "disabled (switched off by MINIMAX_HOTFIX_DISABLE); where it is attached (to how many loaded " \
+                  "models, how many modules it hooked at the last load: a stock loader's model never counts); the " \
+                  "reason; then, per fix, the upstream change that makes it obsolete and when its file can be deleted."
     CATEGORY = CATEGORY
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("report",)

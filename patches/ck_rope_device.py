@@ -58,9 +58,7 @@ def eager_aligns_devices() -> bool:
 
 class CkRopeDevice(Fix):
     id = FIX_ID
-    title = "comfy-kitchen rope kernels: a stray CPU scale/table is moved to q's device and routed to the fast backend"
     targets = (Target.PROCESS,)
-    upstream = "Comfy-Org/ComfyUI#16484, #16390, PR #16391; comfy-kitchen eager _rms_rope1 (0.2.31-0.2.40)"
     retirement = Retirement(
         fixed_by="none yet: a comfy-kitchen release whose eager rope moves a stray scale/table to the input's device "
                  "(asked for in Comfy-Org/ComfyUI#16484)",
@@ -90,7 +88,7 @@ class CkRopeDevice(Fix):
             return Status(State.FAILED, f"rope signatures changed ({'; '.join(drifted)}); fix left off")
         if eager_aligns_devices():
             return Status(State.FIXED_UPSTREAM, "comfy-kitchen's eager rope moves a stray scale to the input itself")
-        return Status(State.APPLIED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "
+        return Status(State.NEEDED, "comfy-kitchen's eager rope does no device alignment: one CPU scale/table sends "
                                      "the call to eager, which fails")
 
     def _log_first_move(self, function: str, operand: str, source, target) -> None:

@@ -65,9 +65,7 @@ def memory_guard(model_management, fix_id: str):
 
 class Int8FullPrecisionMM(Fix):
     id = FIX_ID
-    title = "int8 models and VAEs on devices without torch._int_mm (Apple MPS): forward and linear_input_act dequantize"
     targets = (Target.MODEL, Target.CLIP, Target.VAE)
-    upstream = "Comfy-Org/ComfyUI#16284 (fixed by #16130 and #16285)"
     retirement = Retirement(
         fixed_by="Comfy-Org/ComfyUI PRs #16130 and #16285 for diffusion models and sd1_clip text encoders; none yet "
                  "for the MiniMax H3 video VAE or the Music 3 text encoder",
@@ -90,7 +88,7 @@ class Int8FullPrecisionMM(Fix):
             parts.append(f"{kind.name} ({kind.target}) {verdict} ({kind.built_by})")
         if not any(reaching.values()):
             return Status(State.FIXED_UPSTREAM, "; ".join(parts))
-        return Status(State.APPLIED, "; ".join(parts) + ". Diverted to a dequantized weight on devices where the op "
+        return Status(State.NEEDED, "; ".join(parts) + ". Diverted to a dequantized weight on devices where the op "
                                                         "is missing, for the kinds that need it")
 
     def kinds_reaching_int_mm(self, ops) -> dict[str, list[str]]:
@@ -156,7 +154,7 @@ class Int8FullPrecisionMM(Fix):
     def injection(self):
         """Diverts the model's int8 layers after each load, but only when its load device lacks int8 compute, so a
         model on a CUDA device is left exactly as the stock loader made it."""
-        divert = model_injection(self.divert_int8_layers, self.id)
+        divert = model_injection(self.divert_int8_layers, self)
 
         def inject(patcher) -> None:
             if not int8_compute_available(patcher.load_device):
@@ -164,6 +162,7 @@ class Int8FullPrecisionMM(Fix):
             else:
                 log.info("MiniMax Hotfix: %s hooked 0 module(s) of %s: %s has int8 compute", self.id,
                          type(patcher.model).__name__, patcher.load_device)
+                self.link.hooked(patcher.model, 0)
 
         return type(divert)(inject=inject, eject=divert.eject)
 

@@ -45,9 +45,7 @@ def cuda_graphs_disabled() -> bool:
 
 class Music3GraphBuffers(Fix):
     id = FIX_ID
-    title = "MiniMax Music 3: static decode buffers for CUDA-graph replay (no more pure noise)"
     targets = (Target.CLIP,)
-    upstream = "Comfy-Org/ComfyUI#16222, #16002; fixed by PR #16428"
     retirement = Retirement(
         fixed_by="Comfy-Org/ComfyUI PR #16428 (merged 2026-09-20: the AR loop passes init_decode_buffers(...))",
         delete_when="every supported core has PR #16428 or predates Comfy Compiler #15861 (this fix reads 'fixed "
@@ -69,7 +67,7 @@ class Music3GraphBuffers(Fix):
                                           "parameter with init_decode_buffers: the code drifted, fix left off")
         if "decode_buffers" in inspect.getsource(ar.MiniMaxMusic3AR.generate):
             return Status(State.FIXED_UPSTREAM, "MiniMaxMusic3AR.generate passes decode_buffers (#16428)")
-        return Status(State.APPLIED, "MiniMaxMusic3AR.generate calls Llama2_ without decode_buffers: graphed decode "
+        return Status(State.NEEDED, "MiniMaxMusic3AR.generate calls Llama2_ without decode_buffers: graphed decode "
                                      "steps clone the hidden state and replays read stale addresses (#16222)")
 
     def hook_loaded_model(self, text_encoder) -> list:

@@ -58,9 +58,7 @@ def compute_device(text_encoder) -> torch.device:
 
 class Music3GraphCapture(Fix):
     id = FIX_ID
-    title = "MiniMax Music 3: no CUDA-graph capture over GGUF / host-resident units, graphs kept elsewhere"
     targets = (Target.CLIP,)
-    upstream = "Comfy-Org/ComfyUI#16002, molbal/ComfyUI-GGUF#17"
     retirement = Retirement(
         fixed_by="none known: a core whose graph capture skips units that copy from pageable host memory, or a GGUF "
                  "dequantizer without host-built shift tables (molbal/ComfyUI-GGUF#17)",
@@ -78,7 +76,7 @@ class Music3GraphCapture(Fix):
         if not callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)):
             return Status(State.FAILED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
                                           "fix left off")
-        return Status(State.APPLIED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
+        return Status(State.NEEDED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
                                      "or host-resident unit fails capture (#16002)")
 
     def hook_loaded_model(self, text_encoder) -> list:

@@ -36,10 +36,10 @@ import weakref
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import (ResidentPositionTables, compute_device, grid_shapes, hook_comfy_towers,
-                                         interpolated_position_table)
+from ..kernels.qwen3vl_pos_embed import (TINY_QWEN3VL_GRID, ResidentPositionTables, compute_device, grid_shapes,
+                                         hook_comfy_towers, interpolated_position_table, tiny_qwen3vl_tower)
 from ..kernels.tensor_versions import tensor_versions
-from ..registry.comfy import TINY_QWEN3VL_GRID, comfy_module, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
@@ -122,9 +122,7 @@ def _on_detach_event():
 
 class Qwen3VLPosEmbedFix(Fix):
     id = "qwen3vl_pos_embed"
-    title = "ComfyUI Qwen3-VL vision tower: position table interpolated on the compute device"
     targets = (Target.CLIP,)
-    upstream = "no ComfyUI issue (same class: verl-project/verl#5571)"
     retirement = Retirement(
         fixed_by="none yet: a core whose Qwen35VisionModel.fast_pos_embed_interpolate builds the table on the "
                  "activations' device",
@@ -144,14 +142,15 @@ class Qwen3VLPosEmbedFix(Fix):
         if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
-        tower = tiny_qwen3vl_tower()
+        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
+                                   comfy_module("comfy.ops").manual_cast)
         ours = interpolated_position_table(tower.pos_embed, TINY_QWEN3VL_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))
         if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_QWEN3VL_GRID))):
             return Status(State.FAILED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
-        return Status(State.APPLIED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
+        return Status(State.NEEDED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "
                                      "with the weight in CPU RAM (dynamic VRAM, lowvram offload) every image "
                                      "interpolates on the CPU (no crash: forward moves the result)")
 

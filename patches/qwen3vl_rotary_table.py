@@ -33,9 +33,9 @@ import re
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table
+from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
 from ..kernels.resident_copies import DropCopies, ResidentCopies
-from ..registry.comfy import comfy_module, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
@@ -73,9 +73,7 @@ def hook_towers(model: torch.nn.Module) -> list:
 
 class Qwen3VLRotaryTableFix(Fix):
     id = "qwen3vl_rotary_table"
-    title = "ComfyUI Qwen3-VL vision tower: rotary table built on the compute device under partial loads"
     targets = (Target.CLIP,)
-    upstream = "no ComfyUI issue (same class: Comfy-Org/ComfyUI#15251, #16390)"
     retirement = Retirement(
         fixed_by="none yet: a core whose Qwen35VisionRotaryEmbedding.forward builds the table on the activations' "
                  "device",
@@ -96,12 +94,13 @@ class Qwen3VLRotaryTableFix(Fix):
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):
             return Status(State.FIXED_UPSTREAM, "Qwen35VisionRotaryEmbedding.forward no longer takes its device "
                                                 "from the inv_freq buffer")
-        tower = tiny_qwen3vl_tower()
+        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
+                                   comfy_module("comfy.ops").manual_cast)
         rotary = tower.rotary_pos_emb
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
             return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "
                                         "pack's compute-device copy (table changed upstream): fix left off")
-        return Status(State.APPLIED, "rot_pos_emb builds the rotary table on the inv_freq buffer's device: a load "
+        return Status(State.NEEDED, "rot_pos_emb builds the rotary table on the inv_freq buffer's device: a load "
                                      "that is not full leaves it in CPU RAM, so every image builds the table on "
                                      "the CPU and sends it over the bus (no crash: forward moves the result)")
 

@@ -145,9 +145,7 @@ def reference_tower_class():
 
 class TransformersQwen3VLPosEmbedFix(Fix):
     id = "transformers_qwen3vl_pos_embed"
-    title = "transformers Qwen3-VL vision towers: position table on the compute device (attach_to_transformers_model)"
     targets = ()  # attached by api.attach_to_transformers_model, which other custom nodes call
-    upstream = "verl-project/verl#5571"
     retirement = Retirement(
         fixed_by="none yet: a transformers release whose Qwen3-VL vision tower reconciles pos_embed / grid_thw with "
                  "hidden_states' device",
@@ -165,14 +163,14 @@ class TransformersQwen3VLPosEmbedFix(Fix):
             if not re.search(r"pos_embed\.weight\.device", inspect.getsource(tower_class.fast_pos_embed_interpolate)):
                 return Status(State.FIXED_UPSTREAM, f"transformers {version}: fast_pos_embed_interpolate no longer "
                                                     "builds on pos_embed's weight device")
-            return Status(State.APPLIED, f"transformers {version}: the vision tower adds a position table built on "
+            return Status(State.NEEDED, f"transformers {version}: the vision tower adds a position table built on "
                                          "pos_embed's weight device to the activations; custom nodes attach the "
                                          "fix with attach_to_transformers_model(model)")
         if form == INDEXING_FORM:
             if "hidden_states.device" in inspect.getsource(inspect.unwrap(tower_class.forward)):
                 return Status(State.FIXED_UPSTREAM, f"transformers {version}: the vision tower's forward reconciles "
                                                     "devices with hidden_states")
-            return Status(State.APPLIED, f"transformers {version}: the vision tower gathers pos_embed with indices "
+            return Status(State.NEEDED, f"transformers {version}: the vision tower gathers pos_embed with indices "
                                          "built on grid_thw's device and never reconciles devices; custom nodes "
                                          "attach the fix with attach_to_transformers_model(model)")
         return Status(State.FAILED, "Qwen3VLVisionModel.forward uses neither fast_pos_embed_interpolate nor "
@@ -194,6 +192,7 @@ class TransformersQwen3VLPosEmbedFix(Fix):
             _detach_tower(module)
             _attached[module] = hook_tower(module, form)
             attached.append(name or type(module).__name__)
+        self.link.hooked(model, len(attached))
         return attached
 
     def detach_from_towers(self, model: torch.nn.Module) -> None:

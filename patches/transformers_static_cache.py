@@ -51,10 +51,10 @@ class Verdict(NamedTuple):
     tp_heads: Status
 
     def needs_repair(self) -> bool:
-        return State.APPLIED in (self.masks.state, self.tp_heads.state)
+        return State.NEEDED in (self.masks.state, self.tp_heads.state)
 
     def combined(self) -> Status:
-        order = (State.APPLIED, State.FAILED, State.FIXED_UPSTREAM, State.NOT_AFFECTED, State.NOT_APPLICABLE)
+        order = (State.NEEDED, State.FAILED, State.FIXED_UPSTREAM, State.NOT_AFFECTED, State.NOT_APPLICABLE)
         state = min((self.masks.state, self.tp_heads.state), key=order.index)
         return Status(state, f"transformers {_transformers_version()}: nested masks: {self.masks.reason}; "
                              f"TP KV heads: {self.tp_heads.reason}")
@@ -96,7 +96,7 @@ def _probe_masks(mixin) -> Status:
         return Status(State.NOT_AFFECTED, "static-cache masks are not nested here")
     if all(device.type == "cuda" for device in nested):
         return Status(State.FIXED_UPSTREAM, "nested tensors reach the model device")
-    return Status(State.APPLIED, "repaired: tensors nested in generation inputs (per-layer-type masks) stay on the "
+    return Status(State.NEEDED, "repaired: tensors nested in generation inputs (per-layer-type masks) stay on the "
                                  "host; the pack moves them to the model device")
 
 
@@ -109,7 +109,7 @@ def _probe_tp_heads(mixin) -> Status:
     if heads == expected:
         return Status(State.FIXED_UPSTREAM, "divided only when k/v are sharded")
     if heads == expected // 2:
-        return Status(State.APPLIED, "repaired: divided by the TP size even when the plan does not shard k/v; the "
+        return Status(State.NEEDED, "repaired: divided by the TP size even when the plan does not shard k/v; the "
                                      "pack divides only for a colwise key projection")
     return Status(State.FAILED, f"target drifted: {kernel.INIT_SHAPE} gave {heads} heads for a plan that does not "
                                   f"shard k/v (expected {expected}, or {expected // 2} with the bug)")
@@ -148,7 +148,7 @@ def _repairing(half: str) -> bool:
     if not found.needs_repair():
         FIX.uninstall()
         return False
-    return getattr(found, half).state is State.APPLIED
+    return getattr(found, half).state is State.NEEDED
 
 
 def _wrap(generation_module) -> None:
@@ -157,9 +157,7 @@ def _wrap(generation_module) -> None:
 
 class TransformersStaticCacheFix(Fix):
     id = FIX_ID
-    title = "transformers generate() with a static cache: nested masks to the model device, TP KV heads"
     targets = (Target.PROCESS,)
-    upstream = "huggingface/transformers PR #46590 / #47019 (bug), fixed in 5.20.2"
     retirement = Retirement(
         fixed_by="transformers 5.20.2 (pytorch_utils.move_to_device recurses into containers; get_kv_heads_per_rank "
                  "divides only for a colwise key projection)",
@@ -179,7 +177,7 @@ class TransformersStaticCacheFix(Fix):
         if release is not None and release < FIRST_AFFECTED:
             return Status(State.NOT_APPLICABLE, f"transformers {version} predates the per-layer-type static-cache "
                                                 "masks and the TP early cache init (5.13.1)")
-        return Status(State.APPLIED, f"transformers {_transformers_version()}: pass-through guard installed; its "
+        return Status(State.NEEDED, f"transformers {_transformers_version()}: pass-through guard installed; its "
                                      "first generate() probes the real code once and repairs only what is broken "
                                      "(the doctor's self-test shows the verdict)", provisional=True)
 

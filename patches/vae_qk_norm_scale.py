@@ -125,9 +125,7 @@ def hook_decoders(modules) -> list:
 
 class VaeQkNormScale(Fix):
     id = FIX_ID
-    title = "MiniMax H3 video VAE: qk_norm_scale on the compute device under partial offload (no per-call copy)"
     targets = (Target.VAE,)
-    upstream = "Comfy-Org/ComfyUI#16390, #16484; PR #16391"
     retirement = Retirement(
         fixed_by="Comfy-Org/ComfyUI PR #16391 (open), or any core whose Attention.forward moves qk_norm_scale to the "
                  "query's device",
@@ -157,7 +155,7 @@ class VaeQkNormScale(Fix):
             return Status(State.FAILED, f"Attention.forward's source cannot be read ({exc}); fix left off")
         if not raw:
             return Status(State.FIXED_UPSTREAM, "Attention.forward no longer hands qk_norm_scale to the kernel as is")
-        return Status(State.APPLIED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
+        return Status(State.NEEDED, "Attention.forward hands its qk_norm_scale buffer to rms_rope as is; a load "
                                      "that is not full leaves it on the CPU")
 
     def hook_loaded_model(self, model) -> list:

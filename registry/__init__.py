@@ -27,6 +27,8 @@ import importlib
 import os
 import pkgutil
 import threading
+import weakref
+from typing import NamedTuple
 
 from .. import patches
 from .contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
@@ -39,6 +41,9 @@ _loaded: dict[str, Fix] = {}  # the fixes imported so far, by module name (= fix
 _detected: dict[str, Status] = {}
 _broken_modules: dict[str, str] = {}
 _checked_ids: set[str] = set()  # off-switch ids already checked against the fixes (and logged if unknown)
+_hooked: dict[str, weakref.WeakKeyDictionary] = {}  # fix id -> {model it hooked at a load (while alive): modules}
+_last_hooked: dict[str, int] = {}  # fix id -> modules it hooked at its last load
+_installed: set[str] = set()  # the process-wide fixes installed now
 
 
 def fix_module_names() -> list[str]:
@@ -56,7 +61,7 @@ def _load(name: str) -> Fix | None:
                 _broken_modules[name] = f"{type(exc).__name__}: {exc}"
                 log.warning("MiniMax Hotfix: fix module %s failed to import and is left off: %s", name, exc)
                 return None
-            fix.link = _link(fix)
+            fix.link = link_for(fix)
             _loaded[name] = fix
         return _loaded.get(name)
 
@@ -71,8 +76,46 @@ def all_fixes() -> dict[str, Fix]:
         return _fixes
 
 
-def _link(fix: Fix) -> RegistryLink:
-    return RegistryLink(switched_off=lambda: switched_off(fix.id), refresh_status=lambda: status(fix))
+def link_for(fix: Fix) -> RegistryLink:
+    """What the registry hands ``fix`` (``Fix.link``) when it imports it."""
+    return RegistryLink(switched_off=lambda: switched_off(fix.id), refresh_status=lambda: status(fix),
+                        hooked=lambda model, modules: _record_hooked(fix.id, model, modules))
+
+
+def _record_hooked(fix_id: str, model, modules: int) -> None:
+    with _lock:
+        try:
+            _hooked.setdefault(fix_id, weakref.WeakKeyDictionary())[model] = modules
+        except TypeError:  # a model that takes no weak reference is not counted (and not kept alive)
+            pass
+        _last_hooked[fix_id] = modules
+
+
+class Attachment(NamedTuple):
+    """What a fix did in this process, as opposed to what it found (``status``): the models it hooked at a load that
+    are still alive, the modules it hooked at its last load (None: no load yet), and, for a process-wide fix,
+    whether it is installed (None for the others)."""
+
+    loaded_models: int
+    modules_hooked_last_load: int | None
+    installed_process_wide: bool | None
+
+    def __str__(self) -> str:
+        if self.installed_process_wide is not None:
+            return "installed process-wide" if self.installed_process_wide else "not installed"
+        if not self.loaded_models:
+            return "attached to no loaded model" + ("" if self.modules_hooked_last_load is None else
+                                                    f" ({self.modules_hooked_last_load} module(s) hooked at the last "
+                                                    "load, of a model since freed)")
+        return (f"attached to {self.loaded_models} loaded model(s), {self.modules_hooked_last_load} module(s) hooked "
+                "(last load)")
+
+
+def attachment(fix: Fix) -> Attachment:
+    """Where ``fix`` is attached now: a model from a stock loader, never handed to the pack, is not counted."""
+    with _lock:
+        return Attachment(len(_hooked.get(fix.id, ())), _last_hooked.get(fix.id),
+                          fix.id in _installed if Target.PROCESS in fix.targets else None)
 
 
 def fix_named(fix_id: str) -> Fix | None:
@@ -138,9 +181,11 @@ def _log_status(fix: Fix, found: Status) -> None:
 
 
 def forget_detection() -> None:
-    """Tests only: make the next ``status`` call detect again."""
+    """Tests only: make the next ``status`` call detect again, and forget which models the fixes hooked."""
     with _lock:
         _detected.clear()
+        _hooked.clear()
+        _last_hooked.clear()
 
 
 def fixes_for(target: Target) -> list[Fix]:
@@ -155,7 +200,7 @@ def attach_fixes(patcher, target: Target) -> list[str]:
     """Attach every needed fix for ``target`` (VAE, CLIP or MODEL) to ``patcher``; return their ids."""
     attached = []
     for fix in fixes_for(target):
-        if status(fix).state != State.APPLIED:
+        if status(fix).state != State.NEEDED:
             continue
         key = key_for(fix)
         fix.detach(patcher, key)
@@ -175,7 +220,7 @@ def install_process_fixes() -> list[str]:
     """Install the needed process-wide fixes (guarded global patches); idempotent; never raises."""
     installed = []
     for fix in fixes_for(Target.PROCESS):
-        if status(fix).state != State.APPLIED:
+        if status(fix).state != State.NEEDED:
             continue
         try:
             fix.install()
@@ -183,15 +228,17 @@ def install_process_fixes() -> list[str]:
             log.warning("MiniMax Hotfix: %s failed to install and is left off: %s", fix.id, exc)
             continue
         installed.append(fix.id)
+        _installed.add(fix.id)
     return installed
 
 
 def uninstall_process_fixes() -> None:
     for fix in fixes_for(Target.PROCESS):
         fix.uninstall()
+        _installed.discard(fix.id)
 
 
 __all__ = [
-    "DISABLE_ENV", "all_fixes", "attach_fixes", "broken_modules", "detach_fixes", "disabled_ids", "fix_module_names",
+    "DISABLE_ENV", "Attachment", "all_fixes", "attachment", "attach_fixes", "broken_modules", "detach_fixes", "disabled_ids", "fix_module_names",
     "fix_named", "fixes_for", "install_process_fixes", "key_for", "status", "switched_off", "uninstall_process_fixes",
 ]

@@ -23,10 +23,12 @@ log = logging.getLogger("minimax_hotfix")
 
 
 class State(str, enum.Enum):
-    """``FAILED``: the fix turned itself off because its import, its detection or its target code broke (the reason
-    says which); ``DISABLED``: only the user's off switch, MINIMAX_HOTFIX_DISABLE."""
+    """What ``detect`` found about the running code, before anything is attached: ``NEEDED``: the bug is there, so the
+    fix attaches to the models the pack's loaders and Apply nodes hand it (whether it did is the registry's
+    ``attachment``); ``FAILED``: the fix turned itself off because its import, its detection or its target code broke
+    (the reason says which); ``DISABLED``: only the user's off switch, MINIMAX_HOTFIX_DISABLE."""
 
-    APPLIED = "applied"
+    NEEDED = "needed"
     FIXED_UPSTREAM = "fixed upstream"
     NOT_APPLICABLE = "not applicable"
     NOT_AFFECTED = "not affected"
@@ -75,10 +77,12 @@ class RegistryLink(NamedTuple):
     """What the registry hands each fix it finds (``Fix.link``), so that code a fix runs long after install (a wrapper
     called on first use) can honour the off switch and report a new status without importing the registry:
     ``switched_off()`` reads the user's off switch now; ``refresh_status()`` makes the registry ask ``detect`` again
-    and log the answer if it changed."""
+    and log the answer if it changed; ``hooked(model, modules)`` tells it the fix changed ``modules`` modules of
+    ``model`` (at a load), which the Status node shows per fix."""
 
     switched_off: Callable[[], bool] = lambda: False
     refresh_status: Callable[[], object] = lambda: None
+    hooked: Callable[[object, int], None] = lambda model, modules: None
 
 
 class Fix:
@@ -87,9 +91,7 @@ class Fix:
     (``Target.PROCESS`` fixes)."""
 
     id: str = ""
-    title: str = ""
     targets: tuple[Target, ...] = ()
-    upstream: str = ""
     retirement: Retirement = Retirement("unknown", "unknown")
     link: RegistryLink = RegistryLink()
 
@@ -103,7 +105,7 @@ class Fix:
     def attach(self, patcher, key: str) -> None:
         """Attach to one patcher under ``key``, replacing what the same key attached before: by default an injection
         that runs ``hook_loaded_model`` after each load and undoes it on eject."""
-        set_injection(patcher, key, model_injection(self.hook_loaded_model, self.id))
+        set_injection(patcher, key, model_injection(self.hook_loaded_model, self))
 
     def detach(self, patcher, key: str) -> None:
         """Undo ``attach``. The default covers fixes that attach only injections; others override it."""
@@ -153,13 +155,14 @@ def remove_handles(handles) -> None:
         handle.remove()
 
 
-def model_injection(hook_loaded_model: Callable[[object], list], fix_id: str):
+def model_injection(hook_loaded_model: Callable[[object], list], fix: Fix):
     """A ComfyUI ``PatcherInjection`` that runs ``hook_loaded_model(patcher.model)`` after each load and undoes it on
     eject.
 
     ``hook_loaded_model`` returns handles with ``.remove()`` (torch hook handles, ``AttributeOverride``). Injecting a
     model that is already injected is a no-op, so repeated loads never stack hooks. Each hooking is logged with its
-    hook count, so a user's log shows whether a fix found anything to repair in the loaded model.
+    hook count and reported to the registry (``fix.link.hooked``), so a user's log and the Status node show whether
+    a fix found anything to repair in the loaded model.
     """
     handles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -167,8 +170,10 @@ def model_injection(hook_loaded_model: Callable[[object], list], fix_id: str):
         model = patcher.model
         if model not in handles:
             handles[model] = list(hook_loaded_model(model))
-            log.info("MiniMax Hotfix: %s hooked %d module(s) of %s (%d hook(s))", fix_id,
-                     hooked_modules(handles[model]), type(model).__name__, len(handles[model]))
+            modules = hooked_modules(handles[model])
+            log.info("MiniMax Hotfix: %s hooked %d module(s) of %s (%d hook(s))", fix.id, modules,
+                     type(model).__name__, len(handles[model]))
+            fix.link.hooked(model, modules)
 
     def eject(patcher) -> None:
         remove_handles(handles.pop(patcher.model, []))

@@ -1,10 +1,11 @@
-"""The fix table the Status node shows (and the doctor prints): each fix's state and reason, then when it retires."""
+"""The fix table the Status node shows (and the doctor prints): each fix's state (what ``detect`` found in the running
+code), where it is attached (what it did to the models handed to the pack), and its reason; then when it retires."""
 
 from __future__ import annotations
 
 import textwrap
 
-from . import all_fixes, broken_modules, status
+from . import all_fixes, attachment, broken_modules, status
 from .contract import Fix, State
 
 
@@ -44,12 +45,20 @@ def text_table(rows, headers=None, width: int | None = None) -> str:
     return "\n".join([*head, *(line for row in rows for line in lines(row))])
 
 
+def attachment_texts(fixes: list[Fix] | None = None) -> dict[str, str]:
+    """Per fix id, where it is attached now (``registry.attachment``), as the table says it."""
+    return {fix.id: str(attachment(fix)) for fix in (all_fixes().values() if fixes is None else fixes)}
+
+
 def status_table(width: int | None = None, fixes: list[Fix] | None = None) -> str:
-    """The states, then each fix's retirement: which upstream change makes it obsolete and when its file goes."""
+    """The states and attachments, then each fix's retirement: which upstream change makes it obsolete and when its
+    file goes."""
     rows = status_rows(fixes)
     if not rows:
         return "No fix is registered yet."
+    attached = attachment_texts(fixes)
     retiring = [(fix_id, f"fixed by: {fixed_by}; delete when: {delete_when}")
                 for fix_id, fixed_by, delete_when in retirement_rows(fixes)]
-    table = text_table(rows, ("fix", "state", "reason"), width)
+    table = text_table([(fix_id, state, attached.get(fix_id, "-"), reason) for fix_id, state, reason in rows],
+                       ("fix", "state", "attached", "reason"), width)
     return table + ("\n\n" + text_table(retiring, ("fix", "retirement"), width) if retiring else "")

@@ -15,7 +15,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 START_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 300
 PACK_ROOT = Path(__file__).resolve().parents[1]
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
 SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
@@ -157,3 +160,19 @@ def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tu
             raise RuntimeError(f"the pack {'did not load' if pack else 'loaded'}:\n"
                                + (base / "comfyui.log").read_text()[-4000:])
         yield url, object_info
+
+
+def run_prompt(url: str, prompt: dict, base: Path) -> dict:
+    """Queues ``prompt`` and waits for its /history entry; returns it. Fails on a validation or execution error."""
+    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
+    assert status == 200, body.decode()
+    prompt_id = json.loads(body)["prompt_id"]
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
+        if entry and entry["status"].get("completed") is not None:
+            assert entry["status"]["status_str"] == "success", (
+                json.dumps(entry["status"]["messages"])[-3000:] + (base / "comfyui.log").read_text()[-4000:])
+            return entry
+        time.sleep(0.5)
+    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + (base / "comfyui.log").read_text()[-4000:])

@@ -20,7 +20,7 @@ def comfyui():
     """The path of a real ComfyUI, importable and in CPU mode when no GPU is present."""
     if not os.environ.get("COMFYUI_PATH"):
         pytest.skip("needs ComfyUI: runs in the 'with ComfyUI' run of bash tools/test.sh (or set COMFYUI_PATH)")
-    from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import ComfyUIUnavailable, use_comfyui_checkout
 
     try:
         return use_comfyui_checkout()

@@ -92,7 +92,7 @@ def main() -> dict:
         shim.FIX.uninstall()
         cpu = make_model().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE).tolist()
         stock = on_device(make_model, device, accelerator)
-        if state is pack_registry.State.APPLIED:  # what the pack does at load: install only where it applies
+        if state is pack_registry.State.NEEDED:  # what the pack does at load: install only where it applies
             shim.FIX.install()
         pack = on_device(make_model, device, accelerator)
         shim.FIX.uninstall()

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from minimax_hotfix import api, patches
+from minimax_hotfix import registry as pack_registry
+
 ROOT = Path(__file__).resolve().parents[1]
 PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "nodes", "registry", "patches", "kernels", "diagnostics")
 # What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and the kernel one of
@@ -19,9 +22,10 @@ STARTUP_MODULES = ["__init__.py", "api.py", "kernels/__init__.py", "kernels/ck_r
                    "nodes/__init__.py", "nodes/swap_route.py",
                    "patches/__init__.py", "patches/ck_rope_device.py", "patches/transformers_static_cache.py",
                    "registry/__init__.py", "registry/contract.py", "registry/on_import.py"]
-# (transformers_qwen3vl_pos_embed loads with the first public call, which LOAD makes before the table is asked for.)
-PER_MODEL_FIXES = ["int8_full_precision_mm", "music3_graph_buffers", "music3_graph_capture", "qwen3vl_pos_embed",
-                   "qwen3vl_rotary_table", "vae_qk_norm_scale"]
+# The fixes that load after start-up, with the first model or the status table: every fix but the process-wide ones
+# and transformers_qwen3vl_pos_embed, which loads with the first public call (LOAD makes it before the table is asked).
+PER_MODEL_FIXES = [name for name in pack_registry.fix_module_names()
+                   if name not in patches.PROCESS_WIDE and name != api.TRANSFORMERS_QWEN3VL_POS_EMBED]
 NODE_IDS = ["MiniMaxHotfixApplyCLIP", "MiniMaxHotfixApplyModel", "MiniMaxHotfixApplyVAE", "MiniMaxHotfixCLIPLoader",
             "MiniMaxHotfixStatus", "MiniMaxHotfixUNETLoader", "MiniMaxHotfixVAELoader"]
 

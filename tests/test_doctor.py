@@ -22,7 +22,7 @@ class SelfTestedFix(Fix):
         self.green_passes = green_passes
 
     def detect(self):
-        return Status(State.APPLIED, "test fix")
+        return Status(State.NEEDED, "test fix")
 
     def self_test(self):
         yield Check("red: bug reproduces with the fix off", True)
@@ -48,7 +48,7 @@ def test_passing_self_tests_exit_zero_and_are_listed(registry):
     registry(SelfTestedFix(green_passes=True))
     code, text = doctor_output()
     assert code == 0
-    for expected in ("torch", "comfy-kitchen", "transformers", "devices", "test_self_tested  applied",
+    for expected in ("torch", "comfy-kitchen", "transformers", "devices", "test_self_tested  needed",
                      "ok    red: bug reproduces", "all self-tests passed"):
         assert expected in text
 
@@ -133,6 +133,22 @@ def test_json_output_matches_its_schema(json_run):
     broken["failed_steps"] = "0"
     broken["fixes"][0]["state"] = "off"
     assert len(schema_errors(broken, SCHEMA)) == 3
+
+
+def test_json_keeps_stdout_clean_and_shows_progress_on_stderr(json_run):
+    """The self-tests' progress (tqdm, or plain lines without it) goes to stderr: stdout stays one JSON document."""
+    report = json.loads(json_run.stdout)
+    total = len(report["self_tests"])
+    assert "self-tests" in json_run.stderr and f"{total}/{total}" in json_run.stderr, json_run.stderr[-2000:]
+    assert "self-tests" not in json_run.stdout
+
+
+def test_json_says_where_each_fix_is_attached(json_run):
+    """The doctor loads no user model: a per-model fix is attached to none, a needed process-wide one is installed."""
+    attached = {fix["id"]: fix["attached"] for fix in json.loads(json_run.stdout)["fixes"]}
+    assert attached["vae_qk_norm_scale"] == {"loaded_models": 0, "modules_hooked_last_load": None,
+                                             "installed_process_wide": None}
+    assert attached["ck_rope_device"]["installed_process_wide"] is False  # the doctor installs nothing
 
 
 def test_the_schema_lists_every_state():

@@ -193,5 +193,5 @@ def test_status_per_model_kind_follows_the_running_core(comfyui, int_mm_missing)
     for kind in MODEL_KINDS:
         assert f"{kind.name} ({kind.target}) {expected[kind.name]}" in found.reason, (kind.name, found.reason)
     all_fixed = all(state == "fixed upstream" for state in expected.values())
-    assert found.state is (State.FIXED_UPSTREAM if all_fixed else State.APPLIED)
+    assert found.state is (State.FIXED_UPSTREAM if all_fixed else State.NEEDED)
     assert expected["MiniMax H3 video VAE"] == "needs it", "no core seen so far dequantizes the VAE's int8 layers"

@@ -131,7 +131,7 @@ def loaded(comfy, encoder, with_pack):
     if with_pack:
         attached = pack_registry.attach_fixes(patcher, "clip")  # honours MINIMAX_HOTFIX_DISABLE, as the loaders do
         assert [fix.id in attached for fix in (BUFFERS, CAPTURE)] == [
-            pack_registry.status(fix).state is State.APPLIED for fix in (BUFFERS, CAPTURE)]
+            pack_registry.status(fix).state is State.NEEDED for fix in (BUFFERS, CAPTURE)]
     comfy.model_management.load_models_gpu([patcher], force_full_load=True)
     return patcher
 
@@ -151,9 +151,9 @@ def has_cross_step_buffers(comfy) -> bool:
 def test_detection_follows_the_code_of_this_checkout(comfy):
     expected = State.NOT_AFFECTED if has_cross_step_buffers(comfy) else (
         State.FIXED_UPSTREAM if "decode_buffers" in inspect.getsource(comfy.ar.MiniMaxMusic3AR.generate)
-        else State.APPLIED)
+        else State.NEEDED)
     assert BUFFERS.detect().state is expected, BUFFERS.detect()
-    assert CAPTURE.detect().state is State.APPLIED, CAPTURE.detect()
+    assert CAPTURE.detect().state is State.NEEDED, CAPTURE.detect()
 
 
 def test_noise_without_the_pack_where_the_core_has_the_bug(comfy, graphs):
@@ -162,7 +162,7 @@ def test_noise_without_the_pack_where_the_core_has_the_bug(comfy, graphs):
     graphs_off = generate(encoder, graphs, enabled=False)
     graphs_on = generate(encoder, graphs, enabled=True)
     assert len(graphs.graphs) == 1 + TINY_CONFIG["num_hidden_layers"]
-    if BUFFERS.detect().state is State.APPLIED:
+    if BUFFERS.detect().state is State.NEEDED:
         assert (graphs_on - graphs_off).abs().max() > 0.1  # red: stale replay addresses
     else:
         assert torch.equal(graphs_on, graphs_off)  # this core keeps static buffers itself
@@ -181,7 +181,7 @@ def test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward(comf
     """Where the fix applies, the pack's buffers; where upstream fixed it (#16428), the core's own, with the pack
     attaching nothing (``loaded`` asserts which fixes attach): either way one stable pair for every decode step."""
     state = BUFFERS.detect().state
-    if state not in (State.APPLIED, State.FIXED_UPSTREAM):
+    if state not in (State.NEEDED, State.FIXED_UPSTREAM):
         pytest.skip(f"music3_graph_buffers is {state.value} on this core")
     seen = []
     original = comfy.llama.Llama2_.forward
@@ -193,7 +193,7 @@ def test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward(comf
     monkeypatch.setattr(comfy.llama.Llama2_, "forward", spy)
     encoder = music3_text_encoder(comfy)
     patcher = loaded(comfy, encoder, with_pack=True)  # noqa: F841 (see loaded())
-    assert ("forward" in vars(encoder.model)) is (state is State.APPLIED)  # the pack's override, only where needed
+    assert ("forward" in vars(encoder.model)) is (state is State.NEEDED)  # the pack's override, only where needed
     generate(encoder, graphs, enabled=True)
     prefill, decode_steps = seen[0], seen[1:]
     assert prefill is None and len(decode_steps) >= FRAMES and all(buffers is not None for buffers in decode_steps)

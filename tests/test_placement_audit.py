@@ -2,14 +2,19 @@
 subprocesses, on the simulated cores that change the audited models' code. Real classes at their real
 configuration on FakeTensor weights, loaded by ComfyUI's real ModelPatcher; pack on must leave nothing."""
 
+import fnmatch
 import json
 import resource
 import time
 
 import pytest
+import torch
 
 from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
-from minimax_hotfix.diagnostics import placement_audit
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.diagnostics import placement_audit, placement_runs
+from minimax_hotfix.diagnostics.placement_models import AuditedModel
+from minimax_hotfix.diagnostics.placement_recorder import COMPUTE
 from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full", "dynamic")
@@ -70,14 +75,14 @@ def audited(comfyui):
     use_newer_linear_input_act(patch.setattr)  # the newer VAE's call form, where this core lacks it
     audited_models, budgets = CORE_MODELS[running_on_simulated_core()]
     start = time.perf_counter()
-    rows = placement_audit.audit(budgets, {  # no budget: not run on this core
+    rows = placement_runs.audit(budgets, {  # no budget: not run on this core
         model: tuple(b for b in BUDGETS_BY_MODEL.get(model, budgets) if b in budgets) if model in audited_models else ()
         for model in ALL_MODELS})
     seconds = time.perf_counter() - start
     patch.undo()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\nplacement audit on {running_on_simulated_core() or 'this core'}: {seconds:.1f} s, peak RSS "
-          f"{peak_mb:.0f} MB\n{placement_audit.table(rows)}")
+          f"{peak_mb:.0f} MB\n{placement_runs.table(rows)}")
     return rows
 
 
@@ -123,8 +128,36 @@ def test_peak_memory_is_far_below_the_weights(audited):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < 3e9
 
 
+def test_every_accepted_entry_matches_a_measured_finding(audited):
+    """A stale ``ACCEPTED`` entry (its finding gone, its tensor renamed) fails here, on every core that audits its
+    model, unless the entry shows only where a fix reads another state (``SHOWS_WHERE``)."""
+    audited_models = {row.model for row in audited if not row.not_audited}
+    found = [(row.model, f.tensor, f.kind) for row in audited for f in row.findings]
+
+    def shows_here(key) -> bool:
+        fix_id, state = placement_runs.SHOWS_WHERE.get(key, (None, None))
+        return fix_id is None or pack_registry.status(pack_registry.fix_named(fix_id)).state.value == state
+
+    stale = [key for key in placement_runs.ACCEPTED if key[0] in audited_models and shows_here(key)
+             and not any(m == key[0] and k == key[2] and fnmatch.fnmatchcase(t, key[1]) for m, t, k in found)]
+    assert stale == []
+
+
+def test_audit_shows_progress_on_stderr_and_keeps_json_on_stdout(monkeypatch, capsys, comfyui):
+    """``doctor --audit --json``: one progress step per model x budget x pack on stderr; stdout the JSON alone."""
+    linear = AuditedModel("tiny linear", "model", lambda: torch.nn.Linear(4, 4),
+                          lambda model, fake_mode: model(torch.empty(1, 4, device=COMPUTE)))
+    monkeypatch.setattr(placement_runs, "models", lambda: [linear])
+    monkeypatch.setattr(placement_runs, "BUDGETS", {"none": 0.0})
+    placement_audit.main([], as_json=True)
+    out, err = capsys.readouterr()
+    assert [(row["model"], row["budget"], row["pack"]) for row in json.loads(out)] == [
+        ("tiny linear", budget, pack) for budget in ("none", "dynamic") for pack in ("off", "on")]
+    assert "placement audit" in err and "4/4" in err and "tiny linear x dynamic x pack on" in err, err
+
+
 def test_main_prints_json_and_exits_clean(audited, monkeypatch, capsys):
-    monkeypatch.setattr(placement_audit, "BUDGETS", {"none": 0.0})
-    monkeypatch.setattr(placement_audit, "audit", lambda budgets=None: audited)
+    monkeypatch.setattr(placement_runs, "BUDGETS", {"none": 0.0})
+    monkeypatch.setattr(placement_audit, "audit", lambda budgets=None, show_progress=False: audited)
     assert placement_audit.main([], as_json=True) == 0
     assert {row["model"] for row in json.loads(capsys.readouterr().out)} >= CORE_MODELS[running_on_simulated_core()][0]

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 import synthetic_models
-from minimax_hotfix.diagnostics import placement_audit, placement_audit_files
+from minimax_hotfix.diagnostics import placement_audit, placement_audit_files, placement_runs
 
 DOCTOR = Path(__file__).resolve().parents[1] / "tools" / "doctor.py"
 # file -> (the class ComfyUI builds, the audited models it holds)
@@ -67,7 +67,7 @@ def test_files_are_identified_from_their_headers(model_files):
 
 
 def test_doctor_audits_the_files_as_the_built_in_configurations(model_files, monkeypatch, capsys):
-    monkeypatch.setattr(placement_audit, "BUDGETS", {"none": 0.0})  # the test's budgets: none, then dynamic
+    monkeypatch.setattr(placement_runs, "BUDGETS", {"none": 0.0})  # the test's budgets: none, then dynamic
     with synthetic_models.tiny_configs():
         assert placement_audit.main([str(path) for path in model_files.values()], as_json=True) == 0
     rows = json.loads(capsys.readouterr().out)

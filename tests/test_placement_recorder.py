@@ -1,9 +1,9 @@
-"""The placement audit's recorder (diagnostics/placement_audit.py) on a tiny module, without ComfyUI: which copies of an
+"""The placement audit's recorder (diagnostics/placement_recorder.py) on a tiny module, without ComfyUI: which copies of an
 offloaded weight are ComfyUI's cast (counted apart) and which a module makes of another module's weight (listed)."""
 
 import torch
 
-from minimax_hotfix.diagnostics.placement_audit import COMPUTE, PlacementRecorder
+from minimax_hotfix.diagnostics.placement_recorder import COMPUTE, PlacementRecorder
 
 
 class Norm(torch.nn.Module):

@@ -14,7 +14,7 @@ from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
-from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from minimax_hotfix.registry.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test
 
@@ -48,7 +48,7 @@ def gather_devices(tower):
 
 def test_detect_applies_on_this_comfyui():
     status = pack_registry.status(fix.FIX)
-    assert status.state is pack_registry.State.APPLIED, status.reason
+    assert status.state is pack_registry.State.NEEDED, status.reason
     assert "interpolates on the CPU" in status.reason
 
 
@@ -123,7 +123,7 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     patcher = comfy.model_patcher.ModelPatcher(holder, load_device=torch.device("cpu"),
                                                offload_device=torch.device("cpu"))
     attached = pack_registry.attach_fixes(patcher, "clip")  # as the pack's CLIP loader: MINIMAX_HOTFIX_DISABLE honoured
-    assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.APPLIED)
+    assert ("qwen3vl_pos_embed" in attached) is (pack_registry.status(fix.FIX).state is pack_registry.State.NEEDED)
     clone = patcher.clone()
     seen = gather_devices(holder.visual)
     hooked = []

@@ -277,7 +277,7 @@ def comfy_models():
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
-    from minimax_hotfix.registry.comfy import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+    from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
     music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)  # noqa
@@ -304,7 +304,7 @@ def test_attach_on_comfyui_keeps_the_random_state(comfyui):
         patcher = backend.patcher(model)
         keeps_random_state([fix.id], "attach on ComfyUI's ModelPatcher, load, forward, unload, detach",
                            lambda: attach_run_detach(backend, patcher, [fix], lambda: run(model)))
-    applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.APPLIED
+    applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.NEEDED
                and set(f.targets) & set(MODEL_TARGETS)]
     for node_id, target in (("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip")):
         stock = backend.patcher(tiny_model()) if target == "model" else ClipStandIn(backend.patcher(tiny_model()))

@@ -37,7 +37,7 @@ class CountingFix(Fix):
         self.calls = 0
 
     def detect(self):
-        return Status(State.APPLIED, "test fix")
+        return Status(State.NEEDED, "test fix")
 
     def count(self, module, args):
         self.calls += 1
@@ -138,6 +138,30 @@ def test_a_stock_model_in_the_same_process_is_untouched(backend, registry):
     assert calls_per_forward(fix, backend, stock) == 2
 
 
+def test_the_status_counts_only_the_models_a_fix_hooked(backend, registry):
+    """"needed" says what the core has; the attachment says what the fix did: a model from a stock loader in the same
+    process is not counted, a pack-attached one counts once it is loaded, with the modules hooked at that load."""
+    (fix,) = registry(CountingFix())
+    fix.link = pack_registry.link_for(fix)
+    ours, stock = backend.patcher(tiny_model()), backend.patcher(tiny_model())
+    pack_registry.attach_fixes(ours, "model")
+    assert str(pack_registry.attachment(fix)) == "attached to no loaded model"  # attached, not loaded yet
+    backend.load(stock)
+    backend.load(ours)
+    # two Linear layers (one hook handle each) and the model itself (its instance attribute)
+    assert pack_registry.attachment(fix) == (1, 3, None)
+    assert str(pack_registry.attachment(fix)) == "attached to 1 loaded model(s), 3 module(s) hooked (last load)"
+    assert pack_registry.status(fix).state is State.NEEDED
+    backend.unload(ours)
+    backend.unload(stock)
+
+    # Red control: attaching to the stock patcher too is counted.
+    pack_registry.attach_fixes(stock, "model")
+    backend.load(stock)
+    assert pack_registry.attachment(fix).loaded_models == 2
+    backend.unload(stock)
+
+
 def test_fixes_survive_clone_and_rebuild_from_cached_patcher_init(backend, registry):
     (fix,) = registry(CountingFix())
     patcher = backend.patcher(tiny_model(), factory_args=(tiny_model,))
@@ -217,7 +241,7 @@ def test_the_off_switch_disables_a_fix_without_detecting_it(monkeypatch, registr
     monkeypatch.setenv(pack_registry.DISABLE_ENV, "all")
     assert pack_registry.status(good).state is State.DISABLED
     monkeypatch.delenv(pack_registry.DISABLE_ENV)
-    assert pack_registry.status(good).state is State.APPLIED
+    assert pack_registry.status(good).state is State.NEEDED
 
 
 @pytest.mark.parametrize("switch", ["ALL", "All", "TEST_COUNTING", " Test_Counting "])
@@ -236,7 +260,7 @@ def test_an_unknown_id_in_the_off_switch_is_logged_once_with_the_known_ids(monke
     with caplog.at_level(logging.WARNING, logger="minimax_hotfix"):
         for _ in range(3):
             # Red control: the typo switches nothing off, so without the warning nothing would tell.
-            assert pack_registry.status(fix).state is State.APPLIED
+            assert pack_registry.status(fix).state is State.NEEDED
     assert [r.getMessage() for r in caplog.records] == [
         f"MiniMax Hotfix: {pack_registry.DISABLE_ENV} names no known fix: all_fixes, test_countin "
         f"(known ids: {fix.id}, or all)"
@@ -255,7 +279,7 @@ class ProvisionalFix(CountingFix):
 
     def detect(self):
         self.detections += 1
-        return self.verdict or Status(State.APPLIED, "guard installed", provisional=True)
+        return self.verdict or Status(State.NEEDED, "guard installed", provisional=True)
 
 
 def test_a_provisional_status_is_asked_again_until_final(registry, caplog):
@@ -267,7 +291,7 @@ def test_a_provisional_status_is_asked_again_until_final(registry, caplog):
         pack_registry.status(fix)
     assert fix.detections == 3  # asked while provisional, then never again
     assert [r.getMessage() for r in caplog.records] == [
-        "MiniMax Hotfix: test_provisional: applied (guard installed)",
+        "MiniMax Hotfix: test_provisional: needed (guard installed)",
         "MiniMax Hotfix: test_provisional: fixed upstream (probed on first use)",
     ]
 

@@ -28,7 +28,6 @@ What ComfyUI 0.33.0 lets a 2-core CPU run, and what it does not:
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sys
 import time
@@ -42,10 +41,9 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 import synthetic_models  # noqa: E402
-from comfyui_server import comfyui_with_pack, http  # noqa: E402
+from comfyui_server import comfyui_with_pack, run_prompt  # noqa: E402
 from workflow_api import FRONTEND_ONLY, load, ui_to_api  # noqa: E402
 
-RUN_TIMEOUT_S = 300
 MUSIC3 = PACK_ROOT / "workflows" / "minimax_music3.json"
 MUSIC3_SECONDS = 0.2  # 5 AR frames: the widget values a user would lower for a short clip
 MUSIC3_NOT_RUN = {"UNETLoader": "the 2.46 B parameter Music 3 DiT is hard-coded in ComfyUI",
@@ -71,22 +69,6 @@ def server(comfyui, tmp_path_factory):
             "the probe node did not load:\n" + (base / "comfyui.log").read_text()[-4000:])
         print(f"\nserver ready with synthetic models in {time.monotonic() - started:.1f} s")
         yield url, object_info, base
-
-
-def run_prompt(url: str, prompt: dict, base: Path) -> dict:
-    """Queues ``prompt`` and waits for its /history entry; returns it. Fails on a validation or execution error."""
-    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
-    assert status == 200, body.decode()
-    prompt_id = json.loads(body)["prompt_id"]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
-        if entry and entry["status"].get("completed") is not None:
-            assert entry["status"]["status_str"] == "success", (
-                json.dumps(entry["status"]["messages"])[-3000:] + (base / "comfyui.log").read_text()[-4000:])
-            return entry
-        time.sleep(0.5)
-    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + (base / "comfyui.log").read_text()[-4000:])
 
 
 def executed_nodes(entry: dict, prompt: dict) -> list[str]:

@@ -90,7 +90,7 @@ def run(args) -> int:
         print(f"minimax-hotfix {pack_release()}")
         return 0
     require_torch()
-    from minimax_hotfix.registry.comfy import ComfyUIUnavailable, use_comfyui_checkout
+    from minimax_hotfix.diagnostics.comfyui_checkout import ComfyUIUnavailable, use_comfyui_checkout
 
     try:
         use_comfyui_checkout()
@@ -103,7 +103,7 @@ def run(args) -> int:
 
     if args.json:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON document alone
-            report = doctor_report(fixes)
+            report = doctor_report(fixes, show_progress=True)
         print(json.dumps(report, indent=2))
         return report["exit_code"]
     return run_doctor(fixes=fixes, width=shutil.get_terminal_size().columns)

@@ -30,7 +30,7 @@ def self_test():
             yield from red_green_checks(kernel_probe, "comfy-kitchen's int8 F.linear", "the int8 layer computes")
         return
     state = FIX.detect().state
-    if state not in (State.APPLIED, State.FIXED_UPSTREAM):
+    if state not in (State.NEEDED, State.FIXED_UPSTREAM):
         yield Check(f"not run: {state.value}", passed=state is State.NOT_APPLICABLE)
         return
     yield from red_green_checks(functools.partial(core_probe, ops),

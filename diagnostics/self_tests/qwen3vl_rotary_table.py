@@ -8,9 +8,10 @@ import torch
 
 from ...patches.qwen3vl_pos_embed import hook_towers as hook_position_table_fix
 from ...patches.qwen3vl_rotary_table import hook_towers
-from ...registry.comfy import TINY_QWEN3VL_GRID, qwen3vl_tower_class, tiny_qwen3vl_tower
+from ...registry.comfy import qwen3vl_tower_class
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
+from ..tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from .qwen3vl_pos_embed import all_on_cpu_check, outputs, outputs_match, tiny_pixels
 
 LATER_CALLS = 3

@@ -26,20 +26,20 @@ def self_test():
     yield Check("verdict", found.masks.state is not State.FAILED and found.tp_heads.state is not State.FAILED,
                 found.combined().reason)
     prepare = unwrapped(GenerationMixin, PREPARE_INPUTS)
-    if found.masks.state is State.APPLIED:
+    if found.masks.state is State.NEEDED:
         _, nested = prepare_on_fake_cuda(prepare)
         yield Check("red: without the fix, nested masks stay on the host", any(d.type == "cpu" for d in nested),
                     f"nested devices {sorted({str(d) for d in nested})}")
-    if found.masks.state in (State.APPLIED, State.FIXED_UPSTREAM):
+    if found.masks.state in (State.NEEDED, State.FIXED_UPSTREAM):
         moved, nested = prepare_on_fake_cuda(prepare_inputs_wrapper(prepare, always))
         yield Check("green: with the fix, every input is on the model device",
                     moved and bool(nested) and all(d.type == "cuda" for d in nested),
                     f"nested devices {sorted({str(d) for d in nested})}")
     init_shape = unwrapped(GenerationMixin, INIT_SHAPE)
-    if found.tp_heads.state is State.APPLIED:
+    if found.tp_heads.state is State.NEEDED:
         heads = kv_heads_per_rank(init_shape, MLP_ONLY_PLAN)
         yield Check("red: without the fix, an MLP-only TP plan halves the KV heads", heads == 1, f"{heads} heads")
-    if found.tp_heads.state in (State.APPLIED, State.FIXED_UPSTREAM):
+    if found.tp_heads.state in (State.NEEDED, State.FIXED_UPSTREAM):
         fixed = init_shape_wrapper(init_shape, always)
         kept, split = kv_heads_per_rank(fixed, MLP_ONLY_PLAN), kv_heads_per_rank(fixed, KV_SHARDED_PLAN)
         yield Check("green: with the fix, KV heads are divided only for colwise k/v", (kept, split) == (2, 1),
