@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
 from minimax_hotfix.diagnostics import placement_audit
+from newer_linear_input_act import use_newer_linear_input_act
 from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full", "dynamic")
