@@ -86,12 +86,21 @@ def fresh_detection(monkeypatch):
     pack_registry.forget_detection()
 
 
+def pytest_configure(config):
+    import nested_pytest
+
+    nested_pytest.follow(config)
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Names the simulated cores this run built, with their overlays and stand-ins, and the paths through each fix's
-    code whose random state was checked (tests/test_random_state.py)."""
+    """The seed this run shuffled the tests with, the simulated cores it built (with their overlays and stand-ins),
+    and the paths through each fix's code whose random state was checked (tests/test_random_state.py)."""
     import simulated_cores
     from random_state import COVERED_PATHS
 
+    seed = terminalreporter.config.getoption("randomly_seed", None)
+    terminalreporter.write_line(f"test order shuffled with --randomly-seed={seed} (docs/testing.md: reproducing it)"
+                                if seed is not None else "test order: as written (pytest-randomly off)")
     if simulated_cores.BUILT:
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:

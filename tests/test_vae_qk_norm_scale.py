@@ -130,7 +130,7 @@ def test_on_the_input_device_the_hooks_hand_the_buffer_itself_with_unchanged_val
         got = module(q, k, table)
     for handle in handles:
         handle.remove()
-    assert seen == [module.qk_norm_scale] and seen[0] is module.qk_norm_scale and not counted  # no copy made
+    assert len(seen) == 1 and seen[0] is module.qk_norm_scale and not counted  # the buffer itself, no copy
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
@@ -329,9 +329,15 @@ def test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_
 
 
 def test_fully_resident_decode_is_bitwise_unchanged(vae):
+    """Nothing to move: every attention gets its own scale buffer itself (not a copy, not a fresh unit scale: the
+    scales here are not ones), and the decode is bit for bit the unhooked one."""
     from comfy.model_patcher import ModelPatcher
 
     decoder = tiny_decoder(vae)
+    attention = decoder.transformer_blocks[0].attn
+    with torch.no_grad():
+        for block in decoder.transformer_blocks:
+            block.attn.qk_norm_scale.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
     latent = torch.randn(1, 4, 2, 3, 3)
     with torch.no_grad():
         expected = decoder(latent)
@@ -339,8 +345,10 @@ def test_fully_resident_decode_is_bitwise_unchanged(vae):
         FIX.attach(patcher, pack_registry.key_for(FIX))
         patcher.patch_model(device_to=torch.device("cpu"))
         assert decoder._forward_pre_hooks  # injected on load
+        seen = scales_seen(attention)
         got = decoder(latent)
         patcher.unpatch_model(torch.device("cpu"))
+    assert len(seen) == 1 and seen[0] is attention.qk_norm_scale
     assert torch.equal(got, expected)
 
 
