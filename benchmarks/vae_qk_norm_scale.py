@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -23,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
-from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
 from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
@@ -38,11 +38,17 @@ def comfy_vae():
     if not use_comfyui_checkout():
         sys.exit("set COMFYUI_PATH to a ComfyUI checkout")
     import comfy.ldm.modules.attention
+    import comfy.ops
     from comfy.ldm.minimax import vae
 
     if not vae_qk_norm_scale.owns_scale_buffer(vae.Attention):
         sys.exit("this ComfyUI's VAE Attention has no qk_norm_scale (before 0.36): nothing to measure")
-    use_newer_linear_input_act()
+    if "residual" not in inspect.signature(comfy.ops.linear_input_act).parameters:
+        # a 0.33.0 core with a newer vae.py laid over it: a simulated core, built from a checkout's tests/
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from newer_linear_input_act import use_newer_linear_input_act
+
+        use_newer_linear_input_act()
     return vae, comfy.ldm.modules.attention
 
 

@@ -1,6 +1,6 @@
 """Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
 ``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
-``registry`` fixture and ``fresh_detection``."""
+``registry`` fixture (the only place tests touch the registry's private state) and ``fresh_detection``."""
 
 import os
 import sys
@@ -28,18 +28,51 @@ def comfyui():
         pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """``registry(*fixes)``: the pack's registry holding only these fixes, with fresh detection."""
-    from minimax_hotfix import registry as pack_registry
+class RegistryForOneTest:
+    """A registry made to hold what one test chooses; ``monkeypatch`` puts every global it touches back after the
+    test. The only place tests reach into the registry's private state."""
 
-    def use(*fixes):
-        monkeypatch.setattr(pack_registry, "_fixes", {fix.id: fix for fix in fixes})
-        pack_registry.forget_detection()
+    def __init__(self, monkeypatch):
+        self.monkeypatch = monkeypatch
+        self.used = []
+
+    def __call__(self, *fixes, registry=None):
+        """``registry`` (the pack's, or the copy ComfyUI loaded) holding only ``fixes``, detected afresh, with the
+        off switch's ids not yet checked (so an unknown id is logged again); returns ``fixes``."""
+        registry = self._use(registry)
+        self.monkeypatch.setattr(registry, "_fixes", {fix.id: fix for fix in fixes})
         return fixes
 
-    yield use
-    pack_registry.forget_detection()
+    def discovering(self, folder):
+        """The pack's registry finding its fix modules in ``folder`` afresh, as on a first start-up."""
+        from minimax_hotfix import patches
+
+        registry = self._use(None)
+        self.monkeypatch.setattr(patches, "__path__", [str(folder)])
+        for name, empty in (("_fixes", None), ("_loaded", {}), ("_broken_modules", {})):
+            self.monkeypatch.setattr(registry, name, empty)
+        return registry
+
+    def _use(self, registry):
+        if registry is None:
+            from minimax_hotfix import registry
+        self.monkeypatch.setattr(registry, "_checked_ids", set())
+        registry.forget_detection()
+        self.used.append(registry)
+        return registry
+
+    def forget(self):
+        for registry in self.used:
+            registry.forget_detection()
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """``registry(*fixes)``: the pack's registry holding only these fixes (``registry=`` another copy of it), with
+    fresh detection; ``registry.discovering(folder)``: the registry finding its fix modules in ``folder``."""
+    chosen = RegistryForOneTest(monkeypatch)
+    yield chosen
+    chosen.forget()
 
 
 @pytest.fixture
@@ -53,12 +86,23 @@ def fresh_detection(monkeypatch):
     pack_registry.forget_detection()
 
 
+def pytest_configure(config):
+    import nested_pytest
+
+    nested_pytest.follow(config)
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The seed scenario table, if this run made one; the simulated cores this run built, with their overlays and
-    stand-ins."""
+    """The seed this run shuffled the tests with, the seed scenario table if this run made one, the simulated cores
+    it built (with their overlays and stand-ins), and the paths through each fix's code whose random state was
+    checked (tests/test_random_state.py)."""
     import scenario_table
     import simulated_cores
+    from random_state import COVERED_PATHS
 
+    seed = terminalreporter.config.getoption("randomly_seed", None)
+    terminalreporter.write_line(f"test order shuffled with --randomly-seed={seed} (docs/testing.md: reproducing it)"
+                                if seed is not None else "test order: as written (pytest-randomly off)")
     if scenario_table.ROWS:
         terminalreporter.section("seed scenarios on the simulated accelerator")
         for line in scenario_table.lines():
@@ -67,3 +111,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:
             terminalreporter.write_line(simulated_cores.describe(name))
+    if COVERED_PATHS:
+        where = "with ComfyUI" if os.environ.get("COMFYUI_PATH") else "without ComfyUI"
+        terminalreporter.section(f"random state kept, paths covered per fix ({where})")
+        for fix_id in sorted(COVERED_PATHS):
+            terminalreporter.write_line(f"{fix_id}:")
+            for path in dict.fromkeys(COVERED_PATHS[fix_id]):
+                terminalreporter.write_line(f"  - {path}")

@@ -1,5 +1,6 @@
 """Shared by the Music 3 CUDA-graph tests: real GGUF weights in the two shapes ComfyUI-GGUF hands to ComfyUI (read
-back from a file the ``gguf`` package wrote), and the checks every Music 3 fix object passes without ComfyUI."""
+back from a file the ``gguf`` package wrote), the checks every Music 3 fix object passes without ComfyUI, and a tiny
+text encoder's configuration."""
 
 from dataclasses import dataclass
 
@@ -9,6 +10,11 @@ import torch
 from minimax_hotfix.diagnostics.tiny_decoder import dequantize_q4_0
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics import self_test
+
+# projection_config of a tiny MiniMaxMusic3TEModel: 2 Llama layers
+TINY_MUSIC3_CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          num_key_value_heads=1, audio_vocab_size=16, audio_num_codebooks=3, decoder_num_heads=2,
+                          decoder_intermediate_size=32, decoder_num_layers=1)
 
 
 def write_and_read_gguf(path, weights: dict, qtype) -> dict:

@@ -2,10 +2,14 @@
 device's where CUDA is present, Python's ``random`` and NumPy's legacy global generator. No pack imports, so a
 subprocess can use it before the pack is loaded."""
 
+import collections
 import random
 
 import numpy as np
 import torch
+
+# fix id -> the paths through fix code whose random state a test checked in this run (listed in the run's summary)
+COVERED_PATHS: dict[str, list[str]] = collections.defaultdict(list)
 
 
 def seed_everything(seed: int = 1234) -> None:

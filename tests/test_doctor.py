@@ -12,6 +12,7 @@ import pytest
 
 from minimax_hotfix.registry.contract import Check, Fix, State, Status
 from minimax_hotfix.diagnostics.report import run_doctor
+from nested_pytest import pytest_command
 
 
 class SelfTestedFix(Fix):
@@ -282,8 +283,8 @@ def test_an_unusable_comfyui_path_gives_one_line_and_exit_2(tmp_path, case):
 
 
 def test_pytest_with_an_unusable_comfyui_path_stops_with_one_message(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(Path(__file__).parent / "test_nodes.py")], capture_output=True, text=True, timeout=600,
+    done = subprocess.run(pytest_command(str(Path(__file__).parent / "test_nodes.py")), capture_output=True, text=True,
+                          timeout=600,
                           env={**os.environ, "COMFYUI_PATH": str(tmp_path)}, cwd=DOCTOR.parents[1])
     assert done.returncode == pytest.ExitCode.USAGE_ERROR
     assert f"COMFYUI_PATH={tmp_path} is not a ComfyUI checkout" in done.stdout + done.stderr

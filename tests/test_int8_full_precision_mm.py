@@ -529,13 +529,12 @@ def test_clone_carries_the_fix(core, int_mm):
     mlp(torch.randn(4, 256))
 
 
-def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(core, int_mm, monkeypatch):
+def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(core, int_mm, registry, monkeypatch):
     """The path the pack's loaders and Apply nodes take (pack_registry.attach_fixes), for a DiT-like MODEL and a text
     encoder-like CLIP patcher; MINIMAX_HOTFIX_DISABLE leaves the stock behaviour."""
     from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.setattr(pack_registry, "_fixes", {FIX.id: FIX})
-    pack_registry.forget_detection()
+    registry(FIX)
     int_mm.remove()
     for target, full_precision_mm in (("model", False), ("clip", True)):
         mlp = core.mlp(full_precision_mm)
@@ -553,7 +552,6 @@ def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(cor
     core.load(patcher)
     with pytest.raises(NotImplementedError, match="_int_mm"):
         mlp(torch.randn(4, 256))
-    pack_registry.forget_detection()
 
 
 def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):

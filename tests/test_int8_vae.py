@@ -106,14 +106,12 @@ def unload():
 
 
 def test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node(h3_int8_vae_file, int_mm_missing,
-                                                                             unload, monkeypatch):
+                                                                             unload, registry):
     import nodes as comfy_nodes
 
     from minimax_hotfix import nodes as pack_nodes
-    from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.setattr(pack_registry, "_fixes", {FIX.id: FIX})
-    pack_registry.forget_detection()
+    registry(FIX)
     name, reference_vae, int8_layers = h3_int8_vae_file
     latent = torch.randn(LATENT_SHAPE, generator=torch.Generator().manual_seed(1))
     reference = reference_vae.decode(latent)

@@ -26,11 +26,8 @@ from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR,
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches.music3_graph_buffers import FIX as BUFFERS
 from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE, graph_units
-from music3_support import ggml_layout_tensor, write_and_read_gguf
+from music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
 
-TINY_CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                   num_key_value_heads=1, audio_vocab_size=16, audio_num_codebooks=3, decoder_num_heads=2,
-                   decoder_intermediate_size=32, decoder_num_layers=1)
 PROMPT = [[151669, 100, 200, 300, 151670, 151671, 151672]]
 FRAMES = 6
 GGUF_LAYER = 1
@@ -111,7 +108,7 @@ def music3_text_encoder(comfy, q4_0_weight=None):
     """A tiny real Music 3 text encoder with seeded weights and the dynamic-VRAM unit marks; with ``q4_0_weight``,
     layer GGUF_LAYER's MLP down_proj holds that GGUF weight."""
     torch.manual_seed(0)
-    encoder = comfy.music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)
+    encoder = comfy.music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_MUSIC3_CONFIG)
     with torch.no_grad():
         for parameter in encoder.parameters():
             values = torch.randn(parameter.shape)
@@ -161,7 +158,7 @@ def test_noise_without_the_pack_where_the_core_has_the_bug(comfy, graphs):
     patcher = loaded(comfy, encoder, with_pack=False)  # noqa: F841 (see loaded())
     graphs_off = generate(encoder, graphs, enabled=False)
     graphs_on = generate(encoder, graphs, enabled=True)
-    assert len(graphs.graphs) == 1 + TINY_CONFIG["num_hidden_layers"]
+    assert len(graphs.graphs) == 1 + TINY_MUSIC3_CONFIG["num_hidden_layers"]
     if BUFFERS.detect().state is State.NEEDED:
         assert (graphs_on - graphs_off).abs().max() > 0.1  # red: stale replay addresses
     else:
@@ -173,7 +170,7 @@ def test_with_the_pack_graphs_on_equal_graphs_off(comfy, graphs):
     patcher = loaded(comfy, encoder, with_pack=True)  # noqa: F841 (see loaded())
     graphs_off = generate(encoder, graphs, enabled=False)
     graphs_on = generate(encoder, graphs, enabled=True)
-    assert len(graphs.graphs) == 1 + TINY_CONFIG["num_hidden_layers"]  # every unit kept its graph
+    assert len(graphs.graphs) == 1 + TINY_MUSIC3_CONFIG["num_hidden_layers"]  # every unit kept its graph
     assert torch.equal(graphs_on, graphs_off)
 
 
@@ -204,7 +201,7 @@ def gguf_q4_0_down_proj(tmp_path):
     import gguf
 
     torch.manual_seed(1)
-    weight = torch.randn(TINY_CONFIG["hidden_size"], TINY_CONFIG["intermediate_size"]) * 0.05
+    weight = torch.randn(TINY_MUSIC3_CONFIG["hidden_size"], TINY_MUSIC3_CONFIG["intermediate_size"]) * 0.05
     raw, shape, _ = write_and_read_gguf(tmp_path / "down.gguf", {"w": weight}, gguf.GGMLQuantizationType.Q4_0)["w"]
     return ggml_layout_tensor(raw, shape, gguf.GGMLQuantizationType.Q4_0)
 

@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import placement_audit, placement_runs
 from minimax_hotfix.diagnostics.placement_models import AuditedModel
 from minimax_hotfix.diagnostics.placement_recorder import COMPUTE
+from newer_linear_input_act import use_newer_linear_input_act
 from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full", "dynamic")

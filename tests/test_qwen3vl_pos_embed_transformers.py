@@ -22,6 +22,7 @@ pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
 import transformers  # noqa: E402
 
 from concurrency import failures_running_concurrently  # noqa: E402
+from nested_pytest import pytest_command  # noqa: E402
 from minimax_hotfix import api  # noqa: E402
 from minimax_hotfix import registry as pack_registry  # noqa: E402
 from minimax_hotfix.kernels.qwen3vl_pos_embed import (  # noqa: E402
@@ -275,7 +276,7 @@ def test_transformers_5_8_in_a_subprocess():
                     ".venv/extra/transformers-5.8.0 -r tests/requirements-transformers-5.8.0.txt")
     env = {**os.environ, EXPECTED_VERSION: "5.8.0",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(EXTRA_5_8), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+    done = subprocess.run(pytest_command(__file__),
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " failed" not in done.stdout

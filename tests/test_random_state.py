@@ -5,14 +5,14 @@ Status node's table, process-wide install) leaves the global random state as it 
 CUDA's where present, Python's ``random`` and NumPy's (``tests/random_state.py``); and the draws a seeded run makes
 afterwards equal those of the same seed without the pack. Without ComfyUI the paths run on the stand-in patcher
 and the pack's own tiny models; with the ``comfyui`` fixture, on ComfyUI's ModelPatcher, its model classes and the
-pack's real nodes. ``test_paths_covered_per_fix`` (last) prints which paths each fix went through here.
+pack's real nodes. The run's summary lists which paths each fix went through (``tests/conftest.py``); detection is
+checked for every fix (``test_detection_keeps_the_random_state`` is parametrized over them all).
 
 Red control: a fix made to draw one random number in detect, attach or a probe fails the check
 (``test_red_*``). transformers 5.19's first-use probe inside a seeded ``generate()`` is checked in
 tests/test_transformers_static_cache.py (``test_affected_seeded_generate_*``), which runs it on that version.
 """
 
-import collections
 import json
 import os
 import random
@@ -29,12 +29,12 @@ from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
 from minimax_hotfix.registry.status_table import status_table
+from counting_fix import CountingFix
 from patchers import ComfyBackend, StandInBackend
-from random_state import changed_generators, random_state, seed_everything, seeded_draws
+from random_state import COVERED_PATHS, changed_generators, random_state, seed_everything, seeded_draws
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_TARGETS = ("vae", "clip", "model")
-COVERED: dict[str, list[str]] = collections.defaultdict(list)
 
 pytestmark = pytest.mark.usefixtures("fresh_detection")
 
@@ -52,7 +52,7 @@ def keeps_random_state(fix_ids, path: str, run, without_pack=lambda: None):
     assert not changed, f"{path} ({', '.join(fix_ids)}) changed the global random state of {', '.join(changed)}"
     assert seeded_draws() == draws_without, f"{path} ({', '.join(fix_ids)}): a seeded run after it draws differently"
     for fix_id in fix_ids:
-        COVERED[fix_id].append(path)
+        COVERED_PATHS[fix_id].append(path)
     return result, expected
 
 
@@ -117,7 +117,7 @@ def test_pack_load_keeps_the_random_state(request):
     for fix_id in loaded["fixes"]:
         steps = "import" + (", detection" if fix_id in process else "") + (
             ", process-wide install" if fix_id in loaded["installed"] else "")
-        COVERED[fix_id].append(f"pack load ({where}: {steps})")
+        COVERED_PATHS[fix_id].append(f"pack load ({where}: {steps})")
 
 
 def test_red_pack_load_that_draws_is_caught():
@@ -265,7 +265,7 @@ def test_registry_attach_keeps_the_random_state(target):
     patcher = backend.patcher(tiny_model())
     attached, _ = keeps_random_state([], f"attach_fixes({target!r})", lambda: pack_registry.attach_fixes(patcher, target))
     for fix_id in attached:
-        COVERED[fix_id].append(f"attach_fixes({target!r}) on the stand-in patcher")
+        COVERED_PATHS[fix_id].append(f"attach_fixes({target!r}) on the stand-in patcher")
     pack_registry.detach_fixes(patcher, target)
 
 
@@ -273,14 +273,14 @@ def comfy_models():
     """Per fix: a model of the running ComfyUI holding what the fix looks for (cheap ones), else a tiny model."""
     import comfy.ops
     import comfy.text_encoders.minimax_music as music
-    from test_music3_graphs_comfyui import TINY_CONFIG
+    from music3_support import TINY_MUSIC3_CONFIG
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
     from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
-    music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_CONFIG)  # noqa
+    music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_MUSIC3_CONFIG)  # noqa
     return {
         "qwen3vl_pos_embed": (tiny_qwen3vl_tower(),
                               lambda tower: tower(tiny_pixels(),
@@ -342,8 +342,6 @@ def test_red_a_detect_that_draws_is_caught(draw, monkeypatch):
 
 
 def test_red_an_attach_that_draws_is_caught(monkeypatch):
-    from test_registry import CountingFix
-
     fix = CountingFix()
     monkeypatch.setattr(fix, "hook_loaded_model", drawing(fix.hook_loaded_model, lambda: torch.rand(1)))
     backend = StandInBackend()
@@ -365,16 +363,3 @@ def test_red_a_first_use_probe_on_the_global_generator_is_caught(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
     with pytest.raises(AssertionError, match="torch \\(CPU\\)"):
         keeps_random_state([], "red control", shim.verdict)
-
-
-# -- the list (last) -------------------------------------------------------------------------------------------------
-
-def test_paths_covered_per_fix():
-    every = sorted(pack_registry.all_fixes())
-    print("\npaths covered per fix (" + ("with ComfyUI" if with_comfyui() else "without ComfyUI") + "):")
-    for fix_id in every:
-        print(f"  {fix_id}:")
-        for path in dict.fromkeys(COVERED.get(fix_id, [])):
-            print(f"    - {path}")
-    missing = [fix_id for fix_id in every if not any(p.startswith("detection") for p in COVERED.get(fix_id, []))]
-    assert not missing, f"run the whole file: detection not covered for {missing}"

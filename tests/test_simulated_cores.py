@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import simulated_cores
+from nested_pytest import pytest_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,8 +177,7 @@ def run_in_core(core: Path, name: str, args: list[str], **env) -> subprocess.Com
 def pytest_in_core(core: Path, name: str, targets: list[str], tmp_path: Path, **env):
     """Runs pytest on ``targets`` inside the core; returns (completed process, {test name: outcome})."""
     report = tmp_path / "report.xml"
-    done = run_in_core(core, name, ["-m", "pytest", *targets, "-q", "-rs", "-p", "no:cacheprovider",
-                              f"--junitxml={report}"], **env)
+    done = run_in_core(core, name, pytest_command(*targets, "-rs", f"--junitxml={report}")[1:], **env)
     outcomes = {}
     if report.exists():
         for case in ElementTree.parse(report).iter("testcase"):

@@ -4,14 +4,11 @@ pack's VAE only.
 
 The server runs the simulated 0.36/0.37 core (tests/simulated_cores.py), whose H3 video VAE has the
 ``qk_norm_scale`` bug, so ``vae_qk_norm_scale`` is needed there; the VAE is the synthetic tiny one
-(tests/synthetic_models.py). That ``vae.py`` calls the newer ``comfy.ops.linear_input_act``, which the copy's
-``comfy/ops.py`` gets appended (as the in-process VAE tests patch it in). About 90 s on 2 cores: the core's copy, one
-server start, two tiny decodes.
+(tests/synthetic_models.py). About 90 s on 2 cores: the core's copy, one server start, two tiny decodes.
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,6 @@ import pytest
 import simulated_cores
 import synthetic_models
 from comfyui_server import comfyui_with_pack, run_prompt
-from minimax_hotfix.benchmarks import _linear_input_act
 
 CORE = "0.36/0.37 VAE"
 LATENT = {"width": 64, "height": 64, "length": 5, "batch_size": 1}
@@ -41,9 +37,6 @@ def test_status_node_after_a_stock_and_a_pack_vae_loader_in_one_server(comfyui, 
     if not simulated_cores.available():
         pytest.skip("needs the ComfyUI tree the simulated cores are built from")
     core = simulated_cores.build_core(CORE, tmp_path / "ComfyUI")
-    with (core / "comfy" / "ops.py").open("a", encoding="utf-8") as ops:
-        ops.write("\n\nimport torch.nn.functional as F\n\n\n" + inspect.getsource(_linear_input_act.newer_linear_input_act)
-                  + "\n\nlinear_input_act = newer_linear_input_act\n")
     base = tmp_path / "base"
     synthetic_models.write_models(base / "models")
     with comfyui_with_pack(core, base, Path(__file__).with_name("comfyui_probe")) as (url, _):

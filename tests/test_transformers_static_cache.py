@@ -33,6 +33,7 @@ from minimax_hotfix.patches import transformers_static_cache as shim
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode
 from minimax_hotfix.registry.status_table import status_rows
 from minimax_hotfix.diagnostics import self_test
+from nested_pytest import pytest_command
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning")  # host inputs on purpose
 
@@ -290,8 +291,7 @@ def test_transformers_5_19_subprocess():
                     f"tests/requirements-transformers-{AFFECTED}.txt")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")])))
     env.pop(pack_registry.DISABLE_ENV, None)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "affected",
-                             str(Path(__file__).relative_to(ROOT))],
+    result = subprocess.run(pytest_command("-k", "affected", str(Path(__file__).relative_to(ROOT))),
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.benchmarks._linear_input_act import use_newer_linear_input_act
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies
 from minimax_hotfix.diagnostics.self_tests.vae_qk_norm_scale import UnitScaleRmsRope
 from minimax_hotfix.kernels.resident_copies import ResidentCopies
@@ -24,6 +23,7 @@ from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
 from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.diagnostics import self_test
+from newer_linear_input_act import use_newer_linear_input_act
 
 FIX = vae_qk_norm_scale.FIX
 
@@ -112,15 +112,48 @@ def test_the_upstream_call_site_fix_copies_on_every_call():
     assert error is None and chosen == ["cuda"] * 4 and copies == [1, 1, 1, 1]
 
 
-def test_values_with_the_hooks_equal_the_unhooked_module_on_one_device():
+def scales_seen(module) -> list:
+    """The ``qk_norm_scale`` each call of ``module`` hands its kernel (a pre-hook added after the fix's own)."""
+    seen = []
+    module.register_forward_pre_hook(lambda mod, args: seen.append(mod.qk_norm_scale))
+    return seen
+
+
+def test_on_the_input_device_the_hooks_hand_the_buffer_itself_with_unchanged_values():
     q, k, table, _ = rope_inputs(lambda t: t.float())
     module = UnitScaleRmsRope(64, torch.float32)
+    module.qk_norm_scale.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
     expected = module(q, k, table)
     handles = vae_qk_norm_scale.hook_decoders([module])
-    got = module(q, k, table)
+    seen = scales_seen(module)
+    with HostToDeviceCopies() as counted:
+        got = module(q, k, table)
     for handle in handles:
         handle.remove()
+    assert len(seen) == 1 and seen[0] is module.qk_norm_scale and not counted  # the buffer itself, no copy
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+def test_moved_by_the_hooks_the_kernel_gets_what_the_upstream_call_site_fix_gives_it():
+    """On FakeTensor cuda q/k (the buffer left on the CPU) the hooks have something to move: the kernel receives the
+    buffer on q's device in its own dtype and shape, as with PR #16391's ``.to(q.device)``, and returns the same."""
+    results = {}
+    for name, module, hooked in (("hooks", UnitScaleRmsRope(64, torch.bfloat16), True),
+                                 ("call-site fix", CallSiteFixed(64, torch.bfloat16), False)):
+        left_behind = module.qk_norm_scale
+        with fake_cuda_mode() as mode, real_kitchen_routing() as chosen:
+            q, k, table, _ = rope_inputs(lambda t: on_fake_cuda(mode, t))
+            handles = vae_qk_norm_scale.hook_decoders([module]) if hooked else []
+            seen = scales_seen(module)
+            out = module(q, k, table)
+            for handle in handles:
+                handle.remove()
+            scale = seen[0] if hooked else seen[0].to(q.device)  # the call-site fix moves it inside forward
+        results[name] = (chosen, (scale.device, scale.dtype, scale.shape),
+                         [(t.device, t.dtype, t.shape) for t in out])
+        assert left_behind.device.type == "cpu" and module.qk_norm_scale is left_behind
+    assert results["hooks"] == results["call-site fix"]
+    assert results["hooks"][1] == (torch.device("cuda:0"), torch.bfloat16, torch.Size([64]))
 
 
 class Raises(torch.nn.Module):
@@ -296,9 +329,15 @@ def test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_
 
 
 def test_fully_resident_decode_is_bitwise_unchanged(vae):
+    """Nothing to move: every attention gets its own scale buffer itself (not a copy, not a fresh unit scale: the
+    scales here are not ones), and the decode is bit for bit the unhooked one."""
     from comfy.model_patcher import ModelPatcher
 
     decoder = tiny_decoder(vae)
+    attention = decoder.transformer_blocks[0].attn
+    with torch.no_grad():
+        for block in decoder.transformer_blocks:
+            block.attn.qk_norm_scale.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(3))
     latent = torch.randn(1, 4, 2, 3, 3)
     with torch.no_grad():
         expected = decoder(latent)
@@ -306,8 +345,10 @@ def test_fully_resident_decode_is_bitwise_unchanged(vae):
         FIX.attach(patcher, pack_registry.key_for(FIX))
         patcher.patch_model(device_to=torch.device("cpu"))
         assert decoder._forward_pre_hooks  # injected on load
+        seen = scales_seen(attention)
         got = decoder(latent)
         patcher.unpatch_model(torch.device("cpu"))
+    assert len(seen) == 1 and seen[0] is attention.qk_norm_scale
     assert torch.equal(got, expected)
 
 

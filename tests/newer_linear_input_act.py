@@ -1,8 +1,8 @@
 """The newer ``comfy.ops.linear_input_act`` form for a 0.33.0 core with a newer MiniMax ``vae.py`` overlaid.
 
 That ``vae.py`` calls ``linear_input_act`` with an ``rms_norm``/``swiglu`` input and a fused residual, which 0.33.0's
-``comfy.ops`` lacks. Used by benchmarks/vae_qk_norm_scale.py and tests/test_vae_qk_norm_scale.py; it lives here, not in
-tests/, because the registry package ships benchmarks/ without tests/.
+``comfy.ops`` lacks. Used by the VAE tests, the placement audit's test and benchmarks/vae_qk_norm_scale.py (which
+imports it only where the ComfyUI it is pointed at is such a simulated core, built from a checkout's tests/).
 """
 
 from __future__ import annotations
