@@ -63,12 +63,12 @@ def main() -> int:
     dtype = getattr(torch, options.dtype)
 
     load_pack()
-    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
-    from minimax_hotfix.registry import key_for
     from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
     from minimax_hotfix.diagnostics.report import comfyui_version
     from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
+    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
     from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK
+    from minimax_hotfix.registry import key_for
 
     if use_comfyui_checkout() is None:
         print("set COMFYUI_PATH to a ComfyUI checkout (its requirements installed in this Python)")

@@ -36,8 +36,13 @@ from doctor import load_pack  # noqa: E402
 
 load_pack()
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on  # noqa: E402
-from minimax_hotfix.diagnostics.tiny_decoder import (CudaGraphs, HostWeightLinear, TinyConfig, build_decoder,  # noqa: E402
-                                                 decode_hidden_states)
+from minimax_hotfix.diagnostics.tiny_decoder import (  # noqa: E402
+    CudaGraphs,
+    HostWeightLinear,
+    TinyConfig,
+    build_decoder,
+    decode_hidden_states,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NEEDS_CUDA = 2
@@ -188,7 +193,7 @@ def pinning_checks(args, device, report):
         reference = decoded(model, args, device)
         runner = CudaGraphs(device, capture_allowed=capture_allowed_on(device))
         diff = max_abs_diff(decoded(model, args, device, runner=runner, static_buffers=True), reference)
-        ms, _ = ms_per_step(args, lambda steps: decoded(model, args, device, runner=CudaGraphs(
+        ms, _ = ms_per_step(args, lambda steps, model=model: decoded(model, args, device, runner=CudaGraphs(
             device, capture_allowed=capture_allowed_on(device)), static_buffers=True, steps=steps))
         results[pinned] = (ms, len(runner.graphs), diff)
     (eager_ms, eager_units, eager_diff), (pinned_ms, pinned_units, pinned_diff) = results[False], results[True]

@@ -107,9 +107,9 @@ def comfyui_resident_and_offloaded():
         with torch.device("meta"):
             offloaded = Qwen3VLVisionModel(h3, dtype=dtype, ops=comfy.ops.manual_cast)
         offloaded.pos_embed.weight = torch.nn.Parameter(torch.randn(2304, 1152).to(dtype), requires_grad=False)
-        lowvram = fastest_ms(lambda: offloaded.fast_pos_embed_interpolate(image))
+        lowvram = fastest_ms(lambda offloaded=offloaded: offloaded.fast_pos_embed_interpolate(image))
         offloaded.pos_embed._v = object()  # dynamic VRAM: a vbar module fed a CPU input clones its weight
-        dynamic = fastest_ms(lambda: offloaded.fast_pos_embed_interpolate(image))
+        dynamic = fastest_ms(lambda offloaded=offloaded: offloaded.fast_pos_embed_interpolate(image))
         size = dtype.itemsize
         print(f"ComfyUI H3 position table, pos_embed {str(dtype)[6:]} in CPU RAM, 1024x1024 image: stock CPU "
               f"interpolation {lowvram:.1f} ms (lowvram offload), {dynamic:.1f} ms (dynamic VRAM, incl. the table "

@@ -24,9 +24,9 @@ from doctor import load_pack  # noqa: E402
 
 load_pack()
 
-from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on  # noqa: E402
-from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
+from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
+from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on  # noqa: E402
 
 META = torch.device("meta")
 INPUTS = {"1024x1024 reference image": [[1, 64, 64]], "4-frame 448x448 clip": [[2, 28, 28]],
@@ -96,8 +96,8 @@ def main() -> None:
     for name, rows in INPUTS.items():
         grid = torch.tensor(rows)
         patches = sum(t * h * w for t, h, w in rows)
-        stock = lambda: table_on_compute_device(stock_tower, grid)  # noqa: E731
-        fixed = lambda: table_on_compute_device(fixed_tower, grid)  # noqa: E731
+        stock = lambda grid=grid: table_on_compute_device(stock_tower, grid)  # noqa: E731
+        fixed = lambda grid=grid: table_on_compute_device(fixed_tower, grid)  # noqa: E731
         fixed()  # the fix's one resident copy of inv_freq
         stock_cpu, stock_ms, stock_device, stock_bytes = per_call(stock)
         fixed_cpu, fixed_ms, fixed_device, fixed_bytes = per_call(fixed)

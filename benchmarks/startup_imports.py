@@ -84,10 +84,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         labels = (f"before ({args.before})", f"after ({args.after})")
         packs = {(label, mode): extract(rev, Path(tmp) / f"{index}-{mode}")
-                 for index, (label, rev) in enumerate(zip(labels, (args.before, args.after)))
+                 for index, (label, rev) in enumerate(zip(labels, (args.before, args.after), strict=True))
                  for mode in ("cold", "warm")}
         runs = {key: [] for key in packs}
-        for (label, mode), pack in packs.items():
+        for (_, mode), pack in packs.items():
             if mode == "warm":
                 measure(pack, warm=True)  # writes the bytecode cache the warm runs read
         for _ in range(args.repeats):

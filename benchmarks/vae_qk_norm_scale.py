@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
-from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
-from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
 from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
-from minimax_hotfix.registry.contract import State  # noqa: E402
+from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing  # noqa: E402
+from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
+from minimax_hotfix.registry.contract import State  # noqa: E402
 
 FIX = vae_qk_norm_scale.FIX
 H3_DECODER_BUFFERS = 36 + 2  # one qk_norm_scale per block, the rotary inv_freq, mask_token
@@ -82,7 +82,7 @@ def overhead(vae, rounds: int) -> None:
                 (fixed if with_fix else plain).append(timed(decode))
                 for handle in handles:
                     handle.remove()
-    paired = statistics.median(f / p for f, p in zip(fixed, plain))
+    paired = statistics.median(f / p for f, p in zip(fixed, plain, strict=True))
     print(f"fully resident decoder (8 heads x 64, 4 layers, {latent.shape[2] * 64 + 5} tokens, CPU, "
           f"{torch.get_num_threads()} threads), {rounds} interleaved rounds:")
     print(f"  decode without fix: min {min(plain) * 1e3:.2f} ms, median {statistics.median(plain) * 1e3:.2f} ms; "

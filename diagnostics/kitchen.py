@@ -53,7 +53,7 @@ def _routed_through(routing, name, packet, chosen):
     defaults = {a.name: a.default_value for a in arguments if a.has_default_value()}
 
     def call(*args, **kwargs):
-        bound = {**defaults, **dict(zip((a.name for a in arguments), args)), **kwargs}
+        bound = {**defaults, **dict(zip((a.name for a in arguments), args, strict=False)), **kwargs}
         backend = routing.get_capable_backend(name, bound)
         chosen.append(backend)
         return routing.get_implementation(name, backend=backend)(**bound)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
+
 class StandInVBAR:
     """comfy-aimdo's ``ModelVBAR`` as the audit sees it: address space is handed out, VRAM is never there."""
 

@@ -175,7 +175,7 @@ def identify(header: Header) -> Identified:
     if MUSIC3_TEXT_ENCODER_KEY in keys or _detect_text_encoder(meta) == "QWEN3VL_32B":
         built = "MiniMaxMusic3TEModel" if MUSIC3_TEXT_ENCODER_KEY in keys else "MiniMaxH3TEModel_"
         return Identified(header, "text encoder", built, TEXT_ENCODERS[built])
-    for marker, built in zip(VAE_KEYS, VAE_MODELS):
+    for marker, built in zip(VAE_KEYS, VAE_MODELS, strict=True):
         if marker <= keys:
             return Identified(header, "VAE", built, VAE_MODELS[built])
     sample = ", ".join(sorted(keys)[:3]) or "no tensors"

@@ -11,8 +11,12 @@ import sys
 from dataclasses import dataclass
 
 import torch
-from torch._subclasses.fake_tensor import (DynamicOutputShapeException, FakeTensor, FakeTensorMode,
-                                           unset_fake_temporarily)
+from torch._subclasses.fake_tensor import (
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    unset_fake_temporarily,
+)
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
@@ -120,7 +124,7 @@ class PlacementRecorder(TorchDispatchMode):
         return entry[1] if entry is not None and entry[0] is value else None
 
     def _remember(self, fake_out, real_out):
-        for fake, real in zip(tree_leaves(fake_out), tree_leaves(real_out)):
+        for fake, real in zip(tree_leaves(fake_out), tree_leaves(real_out), strict=True):
             if isinstance(fake, FakeTensor) and isinstance(real, torch.Tensor):
                 self.shadows[id(fake)] = (fake, real, StorageWeakRef(fake.untyped_storage()))
 

@@ -148,7 +148,7 @@ def interpolated_position_table(
 
     m = merge_size
     blocks = []
-    for image, (t, h, w) in zip(per_patch.split([h * w for _, h, w in grid]), grid):
+    for image, (t, h, w) in zip(per_patch.split([h * w for _, h, w in grid]), grid, strict=True):
         frames = image.repeat(t, 1).view(t, h // m, m, w // m, m, -1)
         blocks.append(frames.permute(0, 1, 3, 2, 4, 5).flatten(0, 4))
     return torch.cat(blocks)

@@ -53,7 +53,7 @@ def move_nested(value, device: torch.device):
         return rebuilt
     if isinstance(value, (list, tuple)):
         moved = [move_nested(item, device) for item in value]
-        if all(new is old for new, old in zip(moved, value)):
+        if all(new is old for new, old in zip(moved, value, strict=True)):
             return value
         if isinstance(value, list):
             rebuilt = copy.copy(value)

@@ -31,8 +31,13 @@ import threading
 
 import torch
 
-from ..kernels.ck_rope_device import (device_aligned, is_device_mismatch, operand_positions, rope_function_names,
-                                   unaligned_kitchen)
+from ..kernels.ck_rope_device import (
+    device_aligned,
+    is_device_mismatch,
+    operand_positions,
+    rope_function_names,
+    unaligned_kitchen,
+)
 from ..registry.contract import Fix, Retirement, State, Status, Target, log
 
 FIX_ID = "ck_rope_device"

@@ -1,6 +1,8 @@
 """int8_full_precision_mm: int8 models and VAEs on devices without ``torch._int_mm`` (Apple MPS) use dequantized weights.
 
-Bug: an int8 checkpoint (``int8_tensorwise``, e.g. MiniMax H3's ``*_int8_convrot`` DiT and video VAE, or ``asym_w4a8_int8``) stops on a device whose torch has no int8 GEMM with ``NotImplementedError: The operator 'aten::_int_mm' is not currently implemented for the MPS device.``
+Bug: an int8 checkpoint (``int8_tensorwise``, e.g. MiniMax H3's ``*_int8_convrot`` DiT and video VAE, or
+``asym_w4a8_int8``) stops on a device whose torch has no int8 GEMM with
+``NotImplementedError: The operator 'aten::_int_mm' is not currently implemented for the MPS device.``
 ComfyUI 0.33.0 reaches ``torch._int_mm`` from ``Linear.forward`` itself (it has no dequantize step) and from the fused
 ``comfy.ops.linear_input_act`` (H3 DiT MLP ``fc2``, Llama/Qwen3 MLP ``down_proj``, Music 3 ``RVQMLP``). Cores with
 #16130 dequantize in ``forward`` but only layers marked ``_full_precision_mm``, and ``linear_input_act`` ignores the
@@ -36,10 +38,29 @@ import weakref
 
 import torch
 
-from ..kernels.int8_full_precision_mm import (MARK, MODEL_KINDS, DequantizedInt8Linear, diverting_linear_input_act,
-                                              has_int8_gemm_weight, int8_compute_available, matches, outcome, probe_paths)
+from ..kernels.int8_full_precision_mm import (
+    MARK,
+    MODEL_KINDS,
+    DequantizedInt8Linear,
+    diverting_linear_input_act,
+    has_int8_gemm_weight,
+    int8_compute_available,
+    matches,
+    outcome,
+    probe_paths,
+)
 from ..registry.comfy import comfy_module
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log, model_injection, set_injection
+from ..registry.contract import (
+    AttributeOverride,
+    Fix,
+    Retirement,
+    State,
+    Status,
+    Target,
+    log,
+    model_injection,
+    set_injection,
+)
 
 _honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

@@ -36,8 +36,15 @@ import weakref
 
 import torch
 
-from ..kernels.qwen3vl_pos_embed import (TINY_QWEN3VL_GRID, ResidentPositionTables, compute_device, grid_shapes,
-                                         hook_comfy_towers, interpolated_position_table, tiny_qwen3vl_tower)
+from ..kernels.qwen3vl_pos_embed import (
+    TINY_QWEN3VL_GRID,
+    ResidentPositionTables,
+    compute_device,
+    grid_shapes,
+    hook_comfy_towers,
+    interpolated_position_table,
+    tiny_qwen3vl_tower,
+)
 from ..kernels.tensor_versions import tensor_versions
 from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target

@@ -37,7 +37,11 @@ import weakref
 import torch
 
 from ..kernels.qwen3vl_pos_embed import (
-    compute_device, gather_rows, grid_shapes, interpolated_position_table, track_compute_device,
+    compute_device,
+    gather_rows,
+    grid_shapes,
+    interpolated_position_table,
+    track_compute_device,
 )
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, log, remove_handles
 

@@ -37,7 +37,7 @@ def text_table(rows, headers=None, width: int | None = None) -> str:
         widths[-1] = min(widths[-1], last)
 
     def lines(row):
-        first = "".join(cell.ljust(w) + "  " for cell, w in zip(row[:-1], widths))
+        first = "".join(cell.ljust(w) + "  " for cell, w in zip(row[:-1], widths, strict=False))
         parts = (textwrap.wrap(row[-1], last, break_on_hyphens=False) if last else [row[-1]]) or [""]
         return [((first if i == 0 else " " * len(first)) + part).rstrip() for i, part in enumerate(parts)]
 

@@ -94,9 +94,8 @@ def random_state_dict(module: torch.nn.Module, dtype: torch.dtype, generator: to
 def music3_tokenizer_json() -> bytes:
     """A word-level tokenizer whose special tokens have Music 3's ids (ComfyUI checks them on load); every other
     word is one of a few ids below the audio code range."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     from comfy.ldm.minimax_music.prompt import SPECIAL_TOKEN_IDS
+    from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"[UNK]": 0, **{word: index + 1 for index, word in enumerate("the a and of to in on with".split())},
              **SPECIAL_TOKEN_IDS}

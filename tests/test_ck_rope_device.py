@@ -14,13 +14,18 @@ import pytest
 import torch
 
 from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.kernels.ck_rope_device import device_aligned, operand_positions, rope_function_names, unaligned
-from minimax_hotfix.patches import ck_rope_device
-from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
-from minimax_hotfix.registry.contract import State
-from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
-from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.diagnostics import self_test
+from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
+from minimax_hotfix.kernels.ck_rope_device import (
+    device_aligned,
+    is_device_mismatch,
+    operand_positions,
+    rope_function_names,
+    unaligned,
+)
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
+from minimax_hotfix.patches import ck_rope_device
+from minimax_hotfix.registry.contract import State
 
 FIX = ck_rope_device.FIX
 ROPE_NAMES = rope_function_names(comfy_kitchen)
@@ -113,9 +118,9 @@ def test_devices_agreeing_the_very_same_call_is_made_and_values_are_unchanged(na
     expected = kernel(*[a.clone() for a in activations], **operands)
     got = device_aligned(spy)(*activations, **operands)
     (args, kwargs), = seen
-    assert all(a is b for a, b in zip(args, activations)) and all(kwargs[n] is v for n, v in operands.items())
+    assert all(a is b for a, b in zip(args, activations, strict=True)) and all(kwargs[n] is v for n, v in operands.items())
     expected, got = (expected, got) if isinstance(got, tuple) else ((expected,), (got,))
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_install_wraps_every_rope_function_once_and_uninstall_restores_them(restore_kitchen, caplog):

@@ -9,10 +9,10 @@ import types
 from pathlib import Path
 
 import pytest
-
-from minimax_hotfix.registry.contract import Check, Fix, State, Status
-from minimax_hotfix.diagnostics.report import run_doctor
 from nested_pytest import pytest_command
+
+from minimax_hotfix.diagnostics.report import run_doctor
+from minimax_hotfix.registry.contract import Check, Fix, State, Status
 
 
 class SelfTestedFix(Fix):

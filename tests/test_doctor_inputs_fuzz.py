@@ -21,10 +21,11 @@ import synthetic_models
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from minimax_hotfix import registry
-from minimax_hotfix.diagnostics import placement_audit_files
 from safetensors.torch import save
 from workflow_fuzzing import examples, without_comfyui_only
+
+from minimax_hotfix import registry
+from minimax_hotfix.diagnostics import placement_audit_files
 
 FIX_IDS = sorted(registry.all_fixes())
 

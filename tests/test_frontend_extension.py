@@ -19,10 +19,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
-
+import swap_loaders
 from cdp import Page, chromium_binary
 from comfyui_server import PACK_ROOT, comfyui_with_pack, http
-import swap_loaders
 from user_workflows import music3_checkpoint, music3_gguf
 from workflow_api import MODEL_FILE_INPUTS
 

@@ -15,21 +15,21 @@ import json
 import sys
 import types
 
+import comfy_kitchen
 import pytest
 import torch
 import torch.nn.functional as F
+from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
+from patchers import StandInPatcher
 from torch import nn
 
-import comfy_kitchen
-from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
+from minimax_hotfix.diagnostics import self_test
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
 from minimax_hotfix.kernels.int8_full_precision_mm import DequantizedLinear, forget_int8_probes, int8_compute_available
+from minimax_hotfix.patches import int8_full_precision_mm
+from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS
 from minimax_hotfix.registry import key_for
 from minimax_hotfix.registry.contract import State
-from minimax_hotfix.patches import int8_full_precision_mm
-from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
-from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS
-from minimax_hotfix.diagnostics import self_test
-from patchers import StandInPatcher
 
 KEY = key_for(FIX)
 NEWEST_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
@@ -100,7 +100,7 @@ def standin_core(forward_dequantizes=False, fused_dequantizes=False, parameters=
                 weight = weight.dequantize()
             return F.linear(x, weight, bias)  # a QuantizedTensor weight dispatches to comfy-kitchen's int8_linear
 
-    def mixed_precision_ops(quant_config={}, compute_dtype=torch.bfloat16, full_precision_mm=False, disabled=[]):
+    def mixed_precision_ops(quant_config=None, compute_dtype=torch.bfloat16, full_precision_mm=False, disabled=()):
         attributes = {"compute_dtype": compute_dtype, "_full_precision_mm": full_precision_mm,
                       "disabled_formats": tuple(disabled)}
         return types.SimpleNamespace(Linear=type("Linear", (Linear,), attributes))
@@ -178,14 +178,14 @@ class Core:
         ops = self.ops
 
         class MLP(nn.Module):
-            def __init__(mlp):
+            def __init__(inner):  # noqa: N805 (``self`` is the test kit whose int8 layers it takes)
                 super().__init__()
                 options = {"full_precision_mm": full_precision_mm, "dtype": dtype}
-                mlp.fc1 = self.int8_linear(256, 512, seed=1, **options)
-                mlp.fc2 = self.int8_linear(256, 256, bias=True, seed=2, **options)
+                inner.fc1 = self.int8_linear(256, 512, seed=1, **options)
+                inner.fc2 = self.int8_linear(256, 256, bias=True, seed=2, **options)
 
-            def forward(mlp, x):
-                return ops.linear_input_act(mlp.fc2, mlp.fc1(x), "swiglu")
+            def forward(inner, x):  # noqa: N805
+                return ops.linear_input_act(inner.fc2, inner.fc1(x), "swiglu")
 
         return MLP()
 
@@ -350,7 +350,7 @@ def test_green_both_paths_compute_with_the_dequantized_weight(core, int_mm, full
     int_mm.remove()
     core.load(attached(core, mlp))
     results = [("forward", mlp.fc1, {}, mlp.fc1(x), fused_forward, *reference(mlp.fc1, x))]
-    for (name, args, kwargs, h), fused_out in zip(cases, fused):
+    for (name, args, kwargs, h), fused_out in zip(cases, fused, strict=True):
         out = core.ops.linear_input_act(mlp.fc2, h, name, *args, **kwargs)
         results.append((f"linear_input_act {name}{' +residual' if kwargs else ''}", mlp.fc2, kwargs, out, fused_out,
                         *reference(mlp.fc2, h, name, args, kwargs)))
@@ -599,7 +599,7 @@ def test_detection_per_model_kind(monkeypatch, forward_dequantizes, fused_dequan
                                           int8_compute_query=int8_compute_query))
     found = FIX.detect()
     assert found.state is State.NEEDED, found
-    for kind, verdict in zip(MODEL_KINDS, expected):
+    for kind, verdict in zip(MODEL_KINDS, expected, strict=True):
         assert f"{kind.name} ({kind.target}) {verdict} (" in found.reason, (kind.name, found.reason)
 
 

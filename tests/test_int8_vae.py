@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
-from minimax_hotfix.registry.contract import State
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
+from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
 from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS
+from minimax_hotfix.registry.contract import State
 
 ROOT = Path(__file__).resolve().parents[1]
 CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
@@ -108,7 +108,6 @@ def unload():
 def test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node(h3_int8_vae_file, int_mm_missing,
                                                                              unload, registry):
     import nodes as comfy_nodes
-
     from minimax_hotfix import nodes as pack_nodes
 
     registry(FIX)
@@ -144,8 +143,8 @@ def test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself(comfyu
     import comfy.model_patcher
     import comfy.ops
 
-    from minimax_hotfix.registry import key_for
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
+    from minimax_hotfix.registry import key_for
 
     layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=True)
     patcher = comfy.model_patcher.ModelPatcher(torch.nn.ModuleList([layer]), load_device=torch.device("cpu"),

@@ -5,13 +5,22 @@ the tensors bound at capture, as a CUDA graph reads captured addresses) is noise
 
 import pytest
 import torch
-
-from minimax_hotfix.kernels.music3_graph_buffers import (StaticBufferPool, is_graphed_decode_step, tensor_key,
-                                                   with_decode_buffers)
-from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, TinyCache, TinyConfig, build_decoder,
-                                                 decode_hidden_states)
-from minimax_hotfix.patches.music3_graph_buffers import FIX
 from music3_support import check_not_applicable_without_comfyui, check_self_test_red_then_green
+
+from minimax_hotfix.diagnostics.tiny_decoder import (
+    EmulatedGraphs,
+    TinyCache,
+    TinyConfig,
+    build_decoder,
+    decode_hidden_states,
+)
+from minimax_hotfix.kernels.music3_graph_buffers import (
+    StaticBufferPool,
+    is_graphed_decode_step,
+    tensor_key,
+    with_decode_buffers,
+)
+from minimax_hotfix.patches.music3_graph_buffers import FIX
 
 CONFIG = TinyConfig(hidden=64, heads=4, layers=3, intermediate=128, capacity=24, vocab=64)
 STEPS = 12

@@ -4,14 +4,27 @@ and read with the ``gguf`` package) and residency, and a decoder run under emula
 
 import pytest
 import torch
+from music3_support import (
+    GGMLLayoutParams,
+    GGMLTensor,
+    check_not_applicable_without_comfyui,
+    check_self_test_red_then_green,
+    ggml_layout_tensor,
+    write_and_read_gguf,
+)
 
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, emulated_capture
+from minimax_hotfix.diagnostics.tiny_decoder import (
+    EmulatedGraphs,
+    HostWeightLinear,
+    TinyConfig,
+    build_decoder,
+    decode_hidden_states,
+    dequantize_q4_0,
+    quantize_q4_0,
+)
 from minimax_hotfix.kernels.music3_graph_capture import decide_unit, ggml_type
-from minimax_hotfix.diagnostics.tiny_decoder import (EmulatedGraphs, HostWeightLinear, TinyConfig, build_decoder,
-                                                 decode_hidden_states, dequantize_q4_0, quantize_q4_0)
 from minimax_hotfix.patches.music3_graph_capture import FIX
-from music3_support import (GGMLLayoutParams, GGMLTensor, check_not_applicable_without_comfyui,
-                            check_self_test_red_then_green, ggml_layout_tensor, write_and_read_gguf)
 
 gguf = pytest.importorskip("gguf")
 

@@ -20,13 +20,14 @@ import types
 
 import pytest
 import torch
+from music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
 
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, emulated_capture
-from minimax_hotfix.registry.contract import State
 from minimax_hotfix.patches.music3_graph_buffers import FIX as BUFFERS
-from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE, graph_units
-from music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
+from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE
+from minimax_hotfix.patches.music3_graph_capture import graph_units
+from minimax_hotfix.registry.contract import State
 
 PROMPT = [[151669, 100, 200, 300, 151670, 151671, 151672]]
 FRAMES = 6

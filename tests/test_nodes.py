@@ -7,10 +7,11 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
+from counting_fix import CountingFix, tiny_model
+from patchers import ComfyBackend
 
 from minimax_hotfix import registry
-from patchers import ComfyBackend
-from counting_fix import CountingFix, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_IDS = {

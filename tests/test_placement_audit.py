@@ -9,13 +9,13 @@ import time
 
 import pytest
 import torch
+from newer_linear_input_act import use_newer_linear_input_act
+from simulated_cores import running_on_simulated_core
 
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import placement_audit, placement_runs
 from minimax_hotfix.diagnostics.placement_models import AuditedModel
 from minimax_hotfix.diagnostics.placement_recorder import COMPUTE
-from newer_linear_input_act import use_newer_linear_input_act
-from simulated_cores import running_on_simulated_core
 
 BUDGETS = ("none", "50%", "full", "dynamic")
 # the slowest models on FakeTensors (~7,000 ops per call; 50-layer and two 36-layer forwards per call): fewer loads,

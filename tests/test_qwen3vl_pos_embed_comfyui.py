@@ -8,15 +8,15 @@ device is meta: ComfyUI's ops cast weights to the input's device, so a tower wit
 
 import pytest
 import torch
-
 from concurrency import failures_running_concurrently
+
 from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
-from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
-from minimax_hotfix.patches import qwen3vl_pos_embed as fix
-from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
-from minimax_hotfix.registry.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test
+from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
+from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
+from minimax_hotfix.patches import qwen3vl_pos_embed as fix
+from minimax_hotfix.registry.contract import remove_handles
 
 GRID = TINY_QWEN3VL_GRID
 pixels = tower_kit.tiny_pixels

@@ -8,16 +8,16 @@ copies it to the compute device. Meta stands in for the compute device (ComfyUI'
 
 import pytest
 import torch
-
 from concurrency import failures_running_concurrently
+
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_rotary_table as rotary_kit
 from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import outputs, tiny_pixels
+from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from minimax_hotfix.kernels.qwen3vl_pos_embed import computing_on, rotary_frequency_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as position_fix
 from minimax_hotfix.patches import qwen3vl_rotary_table as fix
-from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 
 GRID = TINY_QWEN3VL_GRID
 META = torch.device("meta")

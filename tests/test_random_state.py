@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.registry.contract import State
-from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
-from minimax_hotfix.registry.status_table import status_table
 from counting_fix import CountingFix
 from patchers import ComfyBackend, StandInBackend
 from random_state import COVERED_PATHS, changed_generators, random_state, seed_everything, seeded_draws
+from torch import nn
+
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.registry.status_table import status_table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_TARGETS = ("vae", "clip", "model")
@@ -206,10 +206,10 @@ def test_int8_compute_probe_keeps_the_random_state():
 
 def test_rope_first_wrapped_call_keeps_the_random_state():
     """ck_rope_device's wrapper on its first call: a stray CPU scale moved to q's (FakeTensor cuda) device, logged."""
-    from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
-    from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
-
     import comfy_kitchen
+
+    from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
+    from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 
     fix = ck_rope_device.FIX
     fix.install()
@@ -276,8 +276,8 @@ def comfy_models():
     from music3_support import TINY_MUSIC3_CONFIG
 
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
-    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
     from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
 
     int8_layer = tiny_int8_linear(comfy.ops, 64, 16, full_precision_mm=False)
     music3 = lambda: music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_MUSIC3_CONFIG)  # noqa
@@ -303,13 +303,16 @@ def test_attach_on_comfyui_keeps_the_random_state(comfyui):
             model, run = models.get(fix.id, (tiny_model(), lambda m: m(torch.ones(1, 4))))
         patcher = backend.patcher(model)
         keeps_random_state([fix.id], "attach on ComfyUI's ModelPatcher, load, forward, unload, detach",
-                           lambda: attach_run_detach(backend, patcher, [fix], lambda: run(model)))
+                           lambda patcher=patcher, fix=fix, run=run, model=model:
+                           attach_run_detach(backend, patcher, [fix], lambda: run(model)))
     applied = [f.id for f in pack_registry.all_fixes().values() if pack_registry.status(f).state is State.NEEDED
                and set(f.targets) & set(MODEL_TARGETS)]
     for node_id, target in (("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip")):
         stock = backend.patcher(tiny_model()) if target == "model" else ClipStandIn(backend.patcher(tiny_model()))
         keeps_random_state([f for f in applied if target in pack_registry.all_fixes()[f].targets],
-                           f"the real {node_id} node", lambda: NODE_CLASS_MAPPINGS[node_id]().apply(**{target: stock}))
+                           f"the real {node_id} node",
+                           lambda node_id=node_id, target=target, stock=stock:
+                           NODE_CLASS_MAPPINGS[node_id]().apply(**{target: stock}))
 
 
 class ClipStandIn:

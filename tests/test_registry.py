@@ -6,12 +6,12 @@ import logging
 
 import pytest
 import torch
+from counting_fix import CountingFix, tiny_model
+from patchers import ComfyBackend, StandInBackend
 
 from minimax_hotfix import patches
 from minimax_hotfix import registry as pack_registry
-from counting_fix import CountingFix, tiny_model
 from minimax_hotfix.registry.contract import State, Status
-from patchers import ComfyBackend, StandInBackend
 
 
 @pytest.fixture(params=["stand-in", "comfyui"])

@@ -17,7 +17,6 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import pytest
-
 import simulated_cores
 from nested_pytest import pytest_command
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import simulated_cores
 import synthetic_models
 from comfyui_server import comfyui_with_pack, run_prompt

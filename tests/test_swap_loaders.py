@@ -13,10 +13,10 @@ import shutil
 import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
 sys.path.insert(0, str(TOOL.parent))
@@ -60,7 +60,7 @@ def _graph_links(graph):
 def assert_rewired(original, swapped):
     """Each inserted Apply node takes its loader's output, and every link that left that output now leaves the
     Apply node, at both ends; nothing else moved."""
-    for graph_before, graph in zip(swap_loaders._graphs(original), swap_loaders._graphs(swapped)):
+    for graph_before, graph in zip(swap_loaders._graphs(original), swap_loaders._graphs(swapped), strict=True):
         before, after = _graph_links(graph_before), _graph_links(graph)
         nodes = {node["id"]: node for node in graph["nodes"]}
         for apply in [node for node in graph["nodes"] if INSERTED_KEY in node.get("properties", {})]:

@@ -23,17 +23,17 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
 from generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
-from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
-from minimax_hotfix.kernels.transformers_static_cache import move_nested, nested_tensors
-from minimax_hotfix.registry.contract import State
-from minimax_hotfix.patches import transformers_static_cache as shim
-from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode
-from minimax_hotfix.registry.status_table import status_rows
-from minimax_hotfix.diagnostics import self_test
 from nested_pytest import pytest_command
+
+from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.diagnostics import self_test
+from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode
+from minimax_hotfix.kernels.transformers_static_cache import move_nested, nested_tensors
+from minimax_hotfix.patches import transformers_static_cache as shim
+from minimax_hotfix.registry.contract import State
+from minimax_hotfix.registry.status_table import status_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning")  # host inputs on purpose
 
@@ -75,7 +75,7 @@ def fake_cuda_indexing(monkeypatch):
             try:
                 out = method(self, *args)
             finally:
-                for tensor, device in zip(fakes, devices):
+                for tensor, device in zip(fakes, devices, strict=True):
                     tensor.fake_device = device
             if isinstance(out, FakeTensor):
                 out.fake_device = devices[0]

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from newer_linear_input_act import use_newer_linear_input_act
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies
+from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
 from minimax_hotfix.diagnostics.self_tests.vae_qk_norm_scale import UnitScaleRmsRope
+from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
+from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.kernels.resident_copies import ResidentCopies
 from minimax_hotfix.patches import vae_qk_norm_scale
-from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.registry.contract import State
-from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
-from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
-from minimax_hotfix.diagnostics import self_test
-from newer_linear_input_act import use_newer_linear_input_act
 
 FIX = vae_qk_norm_scale.FIX
 
@@ -131,7 +131,7 @@ def test_on_the_input_device_the_hooks_hand_the_buffer_itself_with_unchanged_val
     for handle in handles:
         handle.remove()
     assert len(seen) == 1 and seen[0] is module.qk_norm_scale and not counted  # the buffer itself, no copy
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_moved_by_the_hooks_the_kernel_gets_what_the_upstream_call_site_fix_gives_it():

@@ -29,9 +29,8 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
+from workflow_api import FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, load, ui_to_api  # noqa: E402
 from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
-from workflow_api import (FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, load,  # noqa: E402
-                          ui_to_api)
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
 MODEL_URL = "https://huggingface.co/Comfy-Org/"
@@ -58,7 +57,7 @@ def check_workflow(workflow: dict, specs: dict) -> dict:
     prompt = ui_to_api(workflow, specs)
     for node_id, node in prompt.items():
         spec = specs[node["class_type"]]
-        for name, entry in spec["input"].get("required", {}).items():
+        for name in spec["input"].get("required", {}):
             assert name in node["inputs"], f"node {node_id} ({node['class_type']}): required input {name} not connected"
         outputs = [output["type"] for output in nodes[int(node_id)]["outputs"]]
         assert outputs == spec["output"], f"node {node_id}: outputs {outputs} != {spec['output']}"

@@ -251,7 +251,7 @@ def _check_ui_link(check: _Checker, link, where: str) -> None:
     if isinstance(link, list):
         if len(link) < len(LINK_FIELDS):
             check.fail(where, "the link", f"a list of {len(link)}", f"{len(LINK_FIELDS)}: " + ", ".join(LINK_FIELDS))
-        values = dict(zip(LINK_FIELDS, link))
+        values = dict(zip(LINK_FIELDS, link, strict=False))
     else:
         check.require(isinstance(link, dict), where, "the link", link, "a list or an object")
         missing = [name for name in LINK_FIELDS if name not in link]
@@ -448,7 +448,7 @@ class _Links:
     def add(self, link_id, origin_id, origin_slot, target_id, target_slot, link_type):
         values = (link_id, origin_id, origin_slot, target_id, target_slot, link_type)
         self.graph["links"] = self.items
-        self.items.append(dict(zip(self.FIELDS, values)) if self.objects else list(values))
+        self.items.append(dict(zip(self.FIELDS, values, strict=True)) if self.objects else list(values))
 
     def remove(self, link_id) -> None:
         self.items[:] = [link for link in self.items if self.get(link, "id") != link_id]
@@ -476,7 +476,7 @@ def _counter_values(doc: dict) -> dict:
 
 def _set_counter_values(doc: dict, values: dict) -> None:
     for name, holder, node_key, link_key in _counters(doc):
-        for key, value in zip((node_key, link_key), values.get(name, ())):
+        for key, value in zip((node_key, link_key), values.get(name, ()), strict=False):
             if key in holder:
                 holder[key] = value
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (CI runs it too):   bash tools/test.sh [pytest arguments]
 #
-# Runs the test suite twice:
+# Lints the tree as ComfyUI's own CI does (`ruff check .`, rules in pyproject.toml), then runs the test suite twice:
 #   1. "without ComfyUI": in .venv, the pack's pinned test environment (tools/venv.sh), COMFYUI_PATH unset;
 #   2. "with ComfyUI": in .venv-comfyui, built from that ComfyUI's own requirements.txt (plus the torch/torchvision
 #      pair below and tests/requirements-comfyui.txt), with COMFYUI_PATH at
@@ -52,6 +52,10 @@ comfyui_env() {  # build (or reuse) .venv-comfyui for the ComfyUI at $1
 
 status=0
 
+echo "== lint: ruff check ."
+bash tools/venv.sh ruff check . 2>&1 | tee "$logs/lint.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 echo "== run 1: without ComfyUI (.venv)"
 env -u COMFYUI_PATH bash tools/venv.sh python -m pytest -rs "$@" 2>&1 | tee "$logs/without.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
@@ -82,6 +86,7 @@ fi
 
 echo
 echo "== summary"
+echo "lint:            $(tail -n 1 "$logs/lint.txt")"
 echo "without ComfyUI: $(summary "$logs/without.txt")"
 if [ -n "$comfy" ]; then
   echo "with ComfyUI:    $(summary "$logs/with.txt")"

@@ -8,8 +8,8 @@ import functools
 
 import torch
 
-from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.ck_rope_device import device_aligned, unaligned_kitchen
+from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..kitchen import real_kitchen_routing, red_check, rope_inputs
@@ -25,7 +25,7 @@ def self_test():
         reference = kernel(q, k, table, scale.to(device), rot_dim=32)
         fixed = aligned(q, k, table, scale, rot_dim=32)
         yield Check("green: aligned call equals the all-on-device call",
-                    all(torch.equal(a, b) for a, b in zip(fixed, reference)))
+                    all(torch.equal(a, b) for a, b in zip(fixed, reference, strict=True)))
     else:
         yield from fake_cuda_checks(kernel, aligned)
     yield passthrough_check(kernel)
@@ -56,6 +56,6 @@ def passthrough_check(kernel) -> Check:
     inputs = rope_inputs(lambda t: t, dtype=torch.float32)
     fixed = device_aligned(spy)(*inputs, rot_dim=32)
     reference = kernel(*inputs, rot_dim=32)
-    same_objects = len(seen) == 1 and all(a is b for a, b in zip(seen[0], inputs))
+    same_objects = len(seen) == 1 and all(a is b for a, b in zip(seen[0], inputs, strict=True))
     return Check("green: devices agreeing, the same tensors reach the kernel and the output is unchanged",
-                 same_objects and all(torch.equal(a, b) for a, b in zip(fixed, reference)))
+                 same_objects and all(torch.equal(a, b) for a, b in zip(fixed, reference, strict=True)))

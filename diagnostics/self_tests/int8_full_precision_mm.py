@@ -13,8 +13,16 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from ...kernels.int8_full_precision_mm import (MARK, DequantizedLinear, dequantizer, forget_int8_probes,
-                                               int8_compute_available, matches, outcome, probe_paths)
+from ...kernels.int8_full_precision_mm import (
+    MARK,
+    DequantizedLinear,
+    dequantizer,
+    forget_int8_probes,
+    int8_compute_available,
+    matches,
+    outcome,
+    probe_paths,
+)
 from ...patches.int8_full_precision_mm import FIX
 from ...registry.comfy import comfy_module
 from ...registry.contract import AttributeOverride, Check, State, remove_handles
@@ -92,7 +100,7 @@ def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=Fal
             kept = [path() for path in paths]
     # the fused kernel's int8 activation rounding is what sets its result apart from the dequantized reference
     yield Check(f"green: where {native} has torch._int_mm the fused int8 kernel still runs",
-                passed=all(torch.equal(out, ref) and not matches(out, reference) for out, ref in zip(kept, stock)))
+                passed=all(torch.equal(out, ref) and not matches(out, reference) for out, ref in zip(kept, stock, strict=True)))
 
 
 def kernel_probe(device, full_precision_mm: bool):

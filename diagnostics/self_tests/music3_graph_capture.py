@@ -10,8 +10,15 @@ from ...kernels.music3_graph_capture import decide_unit
 from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on
-from ..tiny_decoder import (SMALL_CONFIG, CudaGraphs, EmulatedGraphs, GGUFStyleQ4Linear, build_decoder,
-                            decode_hidden_states, quantize_q4_0)
+from ..tiny_decoder import (
+    SMALL_CONFIG,
+    CudaGraphs,
+    EmulatedGraphs,
+    GGUFStyleQ4Linear,
+    build_decoder,
+    decode_hidden_states,
+    quantize_q4_0,
+)
 
 SELF_TEST_STEPS = 6
 GGUF_LAYER = 1

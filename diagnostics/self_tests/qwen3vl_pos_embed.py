@@ -28,10 +28,10 @@ def outputs(output) -> list[torch.Tensor]:
 def outputs_match(fixed, stock, device: torch.device) -> tuple[bool, str]:
     """Whether the fixed tower's outputs equal the stock ones on ``device``, and what was compared: values on a real
     device, shapes and devices on meta (which holds no data)."""
-    same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock))
+    same = all(a.device == b.device and a.shape == b.shape for a, b in zip(fixed, stock, strict=True))
     if device.type == "meta":
         return same, "shapes and devices"
-    return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock)), "values"
+    return same and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, stock, strict=True)), "values"
 
 
 def all_on_cpu_check(tower, pixels, grid, hook_towers) -> Check:

@@ -11,8 +11,7 @@ import torch
 
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.qwen3vl_pos_embed import computing_on
-from ...patches.transformers_qwen3vl_pos_embed import (INDEXING_FORM, forward_form, hook_tower,
-                                                         reference_tower_class)
+from ...patches.transformers_qwen3vl_pos_embed import INDEXING_FORM, forward_form, hook_tower, reference_tower_class
 from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
 
@@ -109,7 +108,7 @@ def cross_device_checks(tower, form: str, pixels, grid, reference) -> Iterable[C
             t.shape for t in reference]
         yield Check(f"green: patched, {label}: forward runs, outputs on meta with the right shapes", passed)
     else:
-        passed = all(torch.allclose(a.cpu(), b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, reference))
+        passed = all(torch.allclose(a.cpu(), b, rtol=1e-5, atol=1e-6) for a, b in zip(fixed, reference, strict=True))
         yield Check(f"green: patched, {label}: outputs equal the all-on-cpu reference", passed)
 
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import importlib.util
 
-from ...kernels.transformers_static_cache import (INIT_SHAPE, KV_SHARDED_PLAN, MLP_ONLY_PLAN, PREPARE_INPUTS,
-                                                  init_shape_wrapper, kv_heads_per_rank, prepare_inputs_wrapper,
-                                                  prepare_on_fake_cuda, unwrapped)
+from ...kernels.transformers_static_cache import (
+    INIT_SHAPE,
+    KV_SHARDED_PLAN,
+    MLP_ONLY_PLAN,
+    PREPARE_INPUTS,
+    init_shape_wrapper,
+    kv_heads_per_rank,
+    prepare_inputs_wrapper,
+    prepare_on_fake_cuda,
+    unwrapped,
+)
 from ...patches.transformers_static_cache import verdict
 from ...registry.contract import Check, State
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.ck_rope_device import unaligned_kitchen
+from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...patches.vae_qk_norm_scale import BUFFER, hook_decoders
 from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
@@ -45,7 +45,7 @@ def real_device_checks(device) -> list[Check]:
         reference = UnitScaleRmsRope(q.shape[-1], q.dtype).to(device)(q, k, table)
         fixed, later_copies = hooked_calls(module, q, k, table)
     checks.append(Check("green: with the fix the decode step equals the all-on-device one",
-                        all(torch.equal(a, b) for a, b in zip(fixed, reference))))
+                        all(torch.equal(a, b) for a, b in zip(fixed, reference, strict=True))))
     checks.append(bookkeeping_check(module, left_behind, later_copies))
     return checks
 

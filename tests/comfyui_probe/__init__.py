@@ -10,10 +10,9 @@ import importlib.util
 import os
 from pathlib import Path
 
+import folder_paths
 import torch
 from safetensors.torch import save_file
-
-import folder_paths
 
 _spec = importlib.util.spec_from_file_location(
     "minimax_hotfix_test_synthetic_models", Path(__file__).resolve().parents[1] / "synthetic_models.py")
