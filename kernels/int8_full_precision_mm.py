@@ -223,12 +223,12 @@ def tiny_int8_linear(ops, in_features: int, out_features: int, device="cpu", **o
     return layer
 
 
-def matches(result: torch.Tensor, reference: torch.Tensor) -> bool:
+def equal_within_fp32_rounding(result: torch.Tensor, reference: torch.Tensor) -> bool:
     """Equal within fp32 rounding; int8 activation rounding is ~1e-3 of the output scale, 100x above this."""
     return bool((result - reference).abs().max() <= 1e-5 * reference.abs().max())
 
 
-def outcome(call, raised=(NotImplementedError, RuntimeError)):
+def result_or_error(call, raised=(NotImplementedError, RuntimeError)):
     try:
         return call()
     except raised as exc:

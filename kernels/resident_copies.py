@@ -36,7 +36,7 @@ class ResidentCopies:
         self._copies.clear()
 
 
-class DropCopies:
+class FreeCopiesOnRemove:
     """A handle whose ``remove()`` frees the resident copies (on eject, when ComfyUI unloads the model)."""
 
     def __init__(self, copies: ResidentCopies):

@@ -43,11 +43,11 @@ from ..kernels.int8_full_precision_mm import (
     MODEL_KINDS,
     DequantizedInt8Linear,
     diverting_linear_input_act,
+    equal_within_fp32_rounding,
     has_int8_gemm_weight,
     int8_compute_available,
-    matches,
-    outcome,
     probe_paths,
+    result_or_error,
 )
 from ..registry.comfy import comfy_module
 from ..registry.contract import (
@@ -123,9 +123,9 @@ class Int8FullPrecisionMM(Fix):
             for kind in MODEL_KINDS:
                 (forward, fused), reference, _ = probe_paths(ops, torch.device("cpu"),
                                                              **kind.options(model_management))
-                outcomes = {"Linear.forward": outcome(forward, Exception), "linear_input_act": outcome(fused, Exception)}
+                outcomes = {"Linear.forward": result_or_error(forward, Exception), "linear_input_act": result_or_error(fused, Exception)}
                 reaching[kind.name] = [path for path, out in outcomes.items()
-                                       if not (isinstance(out, torch.Tensor) and matches(out, reference))]
+                                       if not (isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference))]
         return reaching
 
     @staticmethod
@@ -167,8 +167,8 @@ class Int8FullPrecisionMM(Fix):
         if known is None:
             with torch.no_grad():
                 paths, reference, _ = probe_paths(ops, torch.device("cpu"), full_precision_mm=True)
-                known = all(isinstance(out, torch.Tensor) and matches(out, reference)
-                            for out in (outcome(path, Exception) for path in paths))
+                known = all(isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference)
+                            for out in (result_or_error(path, Exception) for path in paths))
             _honours_full_precision_mm[ops] = known
         return known
 

@@ -34,7 +34,7 @@ import re
 import torch
 
 from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
-from ..kernels.resident_copies import DropCopies, ResidentCopies
+from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 from ..registry.comfy import comfy_module, qwen3vl_tower_class
 from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
@@ -68,7 +68,7 @@ def hook_towers(model: torch.nn.Module) -> list:
     copies = ResidentCopies()
     handles = hook_comfy_towers(model, tower_class, lambda tower: AttributeOverride(
         tower.rotary_pos_emb, "forward", _table_on_compute_device(tower, tower.rotary_pos_emb, copies)))
-    return handles + [DropCopies(copies)] if handles else []
+    return handles + [FreeCopiesOnRemove(copies)] if handles else []
 
 
 class Qwen3VLRotaryTableFix(Fix):

@@ -36,7 +36,7 @@ import textwrap
 
 import torch
 
-from ..kernels.resident_copies import DropCopies, ResidentCopies
+from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 from ..registry.comfy import comfy_module
 from ..registry.contract import Fix, Retirement, State, Status, Target
 
@@ -120,7 +120,7 @@ def decoders(model: torch.nn.Module, vae) -> list[torch.nn.Module]:
 def hook_decoders(modules) -> list:
     """Keep each decoder's buffers resident on the device its input arrives on; returns removable handles."""
     copies = ResidentCopies()
-    return [handle for m in modules for handle in keep_buffers_on_input_device(m, copies)] + [DropCopies(copies)]
+    return [handle for m in modules for handle in keep_buffers_on_input_device(m, copies)] + [FreeCopiesOnRemove(copies)]
 
 
 class VaeQkNormScale(Fix):

@@ -17,11 +17,11 @@ from ...kernels.int8_full_precision_mm import (
     MARK,
     DequantizedLinear,
     dequantizer,
+    equal_within_fp32_rounding,
     forget_int8_probes,
     int8_compute_available,
-    matches,
-    outcome,
     probe_paths,
+    result_or_error,
 )
 from ...patches.int8_full_precision_mm import FIX
 from ...registry.comfy import comfy_module
@@ -76,10 +76,10 @@ def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=Fal
     lacking = accelerator if accelerator is not None and native is None else torch.device("cpu")
     with torch.no_grad(), int8_gemm_missing(lacking) as how:
         paths, reference, diverted = probe(lacking, full_precision_mm=fixed_upstream)
-        stock = [outcome(path) for path in paths]
+        stock = [result_or_error(path) for path in paths]
         if fixed_upstream:
             yield Check(f"fixed upstream: both paths run without torch._int_mm ({how})",
-                        passed=all(isinstance(out, torch.Tensor) and matches(out, reference) for out in stock))
+                        passed=all(isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference) for out in stock))
             return
         yield Check(f"red: {stock_name} reaches torch._int_mm ({how})",
                     passed=all(isinstance(out, Exception) and "_int_mm" in str(out) for out in stock),
@@ -88,7 +88,7 @@ def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=Fal
         with diverted():
             fixed = [path() for path in paths]
         yield Check(f"green: with the fix {fixed_name} with the dequantized weight",
-                    passed=all(matches(out, reference) for out in fixed),
+                    passed=all(equal_within_fp32_rounding(out, reference) for out in fixed),
                     detail=f"max abs diff {max((out - reference).abs().max().item() for out in fixed):.1e}")
     native = native or (torch.device("cpu") if int8_compute_available("cpu") else None)
     if native is None:
@@ -100,7 +100,7 @@ def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=Fal
             kept = [path() for path in paths]
     # the fused kernel's int8 activation rounding is what sets its result apart from the dequantized reference
     yield Check(f"green: where {native} has torch._int_mm the fused int8 kernel still runs",
-                passed=all(torch.equal(out, ref) and not matches(out, reference) for out, ref in zip(kept, stock, strict=True)))
+                passed=all(torch.equal(out, ref) and not equal_within_fp32_rounding(out, reference) for out, ref in zip(kept, stock, strict=True)))
 
 
 def kernel_probe(device, full_precision_mm: bool):

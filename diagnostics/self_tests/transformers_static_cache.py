@@ -20,7 +20,7 @@ from ...patches.transformers_static_cache import verdict
 from ...registry.contract import Check, State
 
 
-def always(half: str) -> bool:
+def repair_regardless(half: str) -> bool:
     """The self-test's ``repairing``: the repair itself, whatever the verdict and the off switch say."""
     return True
 
@@ -39,7 +39,7 @@ def self_test():
         yield Check("red: without the fix, nested masks stay on the host", any(d.type == "cpu" for d in nested),
                     f"nested devices {sorted({str(d) for d in nested})}")
     if found.masks.state in (State.NEEDED, State.FIXED_UPSTREAM):
-        moved, nested = prepare_on_fake_cuda(prepare_inputs_wrapper(prepare, always))
+        moved, nested = prepare_on_fake_cuda(prepare_inputs_wrapper(prepare, repair_regardless))
         yield Check("green: with the fix, every input is on the model device",
                     moved and bool(nested) and all(d.type == "cuda" for d in nested),
                     f"nested devices {sorted({str(d) for d in nested})}")
@@ -48,7 +48,7 @@ def self_test():
         heads = kv_heads_per_rank(init_shape, MLP_ONLY_PLAN)
         yield Check("red: without the fix, an MLP-only TP plan halves the KV heads", heads == 1, f"{heads} heads")
     if found.tp_heads.state in (State.NEEDED, State.FIXED_UPSTREAM):
-        fixed = init_shape_wrapper(init_shape, always)
+        fixed = init_shape_wrapper(init_shape, repair_regardless)
         kept, split = kv_heads_per_rank(fixed, MLP_ONLY_PLAN), kv_heads_per_rank(fixed, KV_SHARDED_PLAN)
         yield Check("green: with the fix, KV heads are divided only for colwise k/v", (kept, split) == (2, 1),
                     f"MLP-only plan {kept} heads per rank, colwise k/v {split}")
