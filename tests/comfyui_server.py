@@ -162,8 +162,9 @@ def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tu
         yield url, object_info
 
 
-def run_prompt(url: str, prompt: dict, base: Path) -> dict:
-    """Queues ``prompt`` and waits for its /history entry; returns it. Fails on a validation or execution error."""
+def finished_prompt(url: str, prompt: dict, base: Path) -> dict:
+    """Queues ``prompt`` and waits for its /history entry, completed or failed; returns it. Fails on a validation
+    error or when it does not finish in time."""
     status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
     assert status == 200, body.decode()
     prompt_id = json.loads(body)["prompt_id"]
@@ -171,8 +172,14 @@ def run_prompt(url: str, prompt: dict, base: Path) -> dict:
     while time.monotonic() < deadline:
         entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
         if entry and entry["status"].get("completed") is not None:
-            assert entry["status"]["status_str"] == "success", (
-                json.dumps(entry["status"]["messages"])[-3000:] + (base / "comfyui.log").read_text()[-4000:])
             return entry
-        time.sleep(0.5)
+        time.sleep(0.25)
     pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + (base / "comfyui.log").read_text()[-4000:])
+
+
+def run_prompt(url: str, prompt: dict, base: Path) -> dict:
+    """``finished_prompt`` that also fails on an execution error."""
+    entry = finished_prompt(url, prompt, base)
+    assert entry["status"]["status_str"] == "success", (
+        json.dumps(entry["status"]["messages"])[-3000:] + (base / "comfyui.log").read_text()[-4000:])
+    return entry

@@ -37,13 +37,12 @@ import scenario_table
 import simulated_cores
 import swap_loaders
 import synthetic_models
-from comfyui_server import SimulatedDevice, comfyui_with_pack, http
+from comfyui_server import SimulatedDevice, comfyui_with_pack, finished_prompt, http
 from test_workflow_runs import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
 from workflow_api import FRONTEND_ONLY, load
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
-RUN_TIMEOUT_S = 300
 RESERVE_MB = 0.8 * 1024 + 400
 VAE_PARTIAL_MB = 1.5  # of the tiny video VAE's 2.89 MB (float32): its decoder split between device and CPU
 BUDGETS = {"full": RESERVE_MB + 256, "partial": RESERVE_MB + VAE_PARTIAL_MB, "smallest": RESERVE_MB}
@@ -83,19 +82,6 @@ def servers(models, tmp_path_factory):
         yield server
 
 
-def queue(url: str, prompt: dict) -> dict:
-    status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-device-tests"})
-    assert status == 200, body.decode()
-    prompt_id = json.loads(body)["prompt_id"]
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while time.monotonic() < deadline:
-        entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
-        if entry and entry["status"].get("completed") is not None:
-            return entry
-        time.sleep(0.25)
-    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s")
-
-
 def error_of(entry: dict) -> str | None:
     """``node type: first line of the exception`` of a failed run, None when it completed."""
     if entry["status"]["status_str"] == "success":
@@ -121,7 +107,7 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
     workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] in object_info
                          or node["type"] in FRONTEND_ONLY or node["type"] == "CLIPLoader"]
     prompt = make_prompt(workflow, object_info, tag)
-    entry = queue(url, prompt)
+    entry = finished_prompt(url, prompt, base)
     text = log.read_text()[start:]
     tensors = {f"{probe}.{name}": value for probe in probes
                if (path := base / "output" / f"{tag}_{probe}.safetensors").exists()

@@ -53,6 +53,14 @@ QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
 INT8_VAE_TESTS = "tests/test_int8_vae.py"
 ROTARY_TESTS = "tests/test_qwen3vl_rotary_table_comfyui.py"
 AUDIT_TESTS = "tests/test_placement_audit.py"
+MUSIC3_MUST_PASS = [
+    "test_detection_follows_the_code_of_this_checkout",
+    "test_noise_without_the_pack_where_the_core_has_the_bug",
+    "test_with_the_pack_graphs_on_equal_graphs_off",
+    "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
+    "test_gguf_q4_0_unit_red_without_the_pack",
+    "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+]
 AUDIT_MUST_PASS = ["test_pack_off_finds_the_known_members", "test_pack_on_leaves_no_cross_device_op_and_no_host_work"]
 
 # the test files of the fixes each core concerns, and the tests among them that must pass there (not skip)
@@ -68,12 +76,7 @@ CORE_TESTS = {
         "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it",
         *AUDIT_MUST_PASS]),
     "post-#15861 Music 3": ([MUSIC3_TESTS, AUDIT_TESTS], [
-        "test_detection_follows_the_code_of_this_checkout",
-        "test_noise_without_the_pack_where_the_core_has_the_bug",
-        "test_with_the_pack_graphs_on_equal_graphs_off",
-        "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
-        "test_gguf_q4_0_unit_red_without_the_pack",
-        "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+        *MUSIC3_MUST_PASS,
         *AUDIT_MUST_PASS]),
     "fixed int8": ([INT8_VAE_TESTS, AUDIT_TESTS], [
         "test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node",
@@ -88,12 +91,8 @@ CORE_TESTS = {
         "test_partial_load_through_the_model_patcher[green: with the fix]",
         *AUDIT_MUST_PASS]),
     "fixed Music 3": ([MUSIC3_TESTS, AUDIT_TESTS], [
-        "test_detection_follows_the_code_of_this_checkout",
-        "test_noise_without_the_pack_where_the_core_has_the_bug",  # graphs on equal graphs off without the pack
-        "test_with_the_pack_graphs_on_equal_graphs_off",
-        "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",  # the core's own, nothing attached
-        "test_gguf_q4_0_unit_red_without_the_pack",
-        "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+        # where #16428 fixed it: without the pack graphs on equal graphs off, and the buffers are the core's own
+        *MUSIC3_MUST_PASS,
         *AUDIT_MUST_PASS]),
     # int8: not the VAE's red/green test. There the stock int8 VAE decodes on a CPU in float32 (upstream's cast
     # dequantizes a weight whose dtype differs from the compute dtype), and at the layers' own dtype this ops.py
@@ -111,12 +110,7 @@ CORE_TESTS = {
         "test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device",
         "test_attaches_through_the_model_patcher_and_survives_clone",
         "test_partial_load_through_the_model_patcher[green: with the fix]",
-        "test_detection_follows_the_code_of_this_checkout",
-        "test_noise_without_the_pack_where_the_core_has_the_bug",
-        "test_with_the_pack_graphs_on_equal_graphs_off",
-        "test_buffers_fix_passes_one_stable_buffer_pair_through_the_real_forward",
-        "test_gguf_q4_0_unit_red_without_the_pack",
-        "test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs",
+        *MUSIC3_MUST_PASS,
         *AUDIT_MUST_PASS]),
 }
 
