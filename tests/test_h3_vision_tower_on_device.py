@@ -27,9 +27,14 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 import synthetic_models  # noqa: E402
-from comfyui_server import SimulatedDevice, comfyui_with_pack, http  # noqa: E402
-from test_workflow_runs import executed_nodes, run_prompt  # noqa: E402
+from comfyui_server import (  # noqa: E402
+    SimulatedDevice,
+    comfyui_with_pack,
+    http,
+    run_prompt,  # noqa: E402
+)
 from workflow_api import load, ui_to_api  # noqa: E402
+from workflow_prompts import executed_nodes  # noqa: E402
 
 WORKFLOW = PACK_ROOT / "workflows" / "minimax_h3_reference_to_video.json"
 OPT_IN = "MINIMAX_HOTFIX_SLOW_DEVICE_TESTS"

@@ -38,8 +38,8 @@ import simulated_cores
 import swap_loaders
 import synthetic_models
 from comfyui_server import SimulatedDevice, comfyui_with_pack, finished_prompt, http
-from test_workflow_runs import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
 from workflow_api import FRONTEND_ONLY, load
+from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 

@@ -1,0 +1,75 @@
+"""The bundled workflows as the frontend queues them, lowered to what a 2-core CPU runs (a tiny canvas, few steps, a
+short clip), with probe nodes that save the tensors to compare; and the pack's lines in ComfyUI's log. Shared by the
+server tests (tests/test_workflow_runs.py, tests/test_seed_scenarios_on_device.py, tests/test_h3_vision_tower_on_device.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+PACK_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(PACK_ROOT / "tools"))
+import swap_loaders  # noqa: E402
+from workflow_api import ui_to_api  # noqa: E402
+
+MUSIC3 = PACK_ROOT / "workflows" / "minimax_music3.json"
+MUSIC3_SECONDS = 0.2  # 5 AR frames: the widget values a user would lower for a short clip
+MUSIC3_NOT_RUN = {"UNETLoader": "the 2.46 B parameter Music 3 DiT is hard-coded in ComfyUI",
+                  "KSampler": "needs that DiT"}
+H3_CONDITIONING = {"MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo"}
+H3_CANVAS = {"width": 64, "height": 64, "length": 5}  # 5 frames, the smallest of the 17k+5 grid: latent 24x2x4x4
+H3_STEPS = 2
+FIX_LOG = re.compile(r"MiniMax Hotfix: (\w+) (attached to \w+ .*|hooked \d+ module\(s\) of \w+.*)$")
+
+
+def executed_nodes(entry: dict, prompt: dict) -> list[str]:
+    cached = {node for kind, data in entry["status"]["messages"] if kind == "execution_cached" for node in data["nodes"]}
+    return [node_id for node_id in prompt if node_id not in cached]
+
+
+def stock_type(class_type: str) -> str:
+    return swap_loaders.PACK_TO_STOCK.get(class_type, class_type)
+
+
+def node_id(prompt: dict, class_type: str) -> str:
+    (found,) = [key for key, node in prompt.items() if node["class_type"] == class_type]
+    return found
+
+
+def music3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
+    """The workflow as the frontend queues it, shortened to MUSIC3_SECONDS, minus the nodes that cannot run here;
+    probe nodes save the conditioning, the zeroed conditioning and the decoded audio for comparison."""
+    prompt = ui_to_api(workflow, object_info)
+    encode, latent = node_id(prompt, "MiniMaxMusic3TextEncode"), node_id(prompt, "EmptyMiniMaxMusic3LatentAudio")
+    prompt[encode]["inputs"]["max_duration"] = MUSIC3_SECONDS
+    prompt[node_id(prompt, "VAEDecodeAudio")]["inputs"]["samples"] = [latent, 0]
+    prompt[node_id(prompt, "SaveAudioMP3")]["inputs"]["filename_prefix"] = f"audio/{tag}"
+    for key in [key for key, node in prompt.items() if stock_type(node["class_type"]) in MUSIC3_NOT_RUN]:
+        del prompt[key]
+    prompt["probe_encoded"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_encoded", "conditioning": [encode, 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
+    prompt["probe_zeroed"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_zeroed", "conditioning": [node_id(prompt, "ConditioningZeroOut"), 0]}}
+    return prompt
+
+
+def fix_log_lines(base: Path, start: int) -> list[str]:
+    """The pack's attach and hook lines ComfyUI logged from character ``start`` of its log on."""
+    text = (base / "comfyui.log").read_text()[start:]
+    return [match.group(0) for line in text.splitlines() if (match := FIX_LOG.search(line))]
+
+
+def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
+    """The workflow as the frontend queues it with a tiny canvas (H3_CANVAS), H3_STEPS steps; probe nodes save the
+    conditioning (the text encoder's hidden states), the sampler's latent and the decoded frames and audio."""
+    prompt = ui_to_api(workflow, object_info)
+    (conditioning,) = [key for key, node in prompt.items() if node["class_type"] in H3_CONDITIONING]
+    prompt[conditioning]["inputs"].update(H3_CANVAS)
+    prompt[node_id(prompt, "BasicScheduler")]["inputs"]["steps"] = H3_STEPS
+    prompt[node_id(prompt, "SaveVideo")]["inputs"]["filename_prefix"] = f"video/{tag}"
+    prompt["probe_sampled"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_sampled", "conditioning": [conditioning, 0],
+        "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
+        "images": [node_id(prompt, "VAEDecode"), 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
+    return prompt
