@@ -1,0 +1,168 @@
+"""Checks of the simulated accelerator itself, each with its red control: its values are the CPU's, it raises the
+accelerator's error on mixed devices, it counts host-to-device copies, it can lack ``torch._int_mm``. Installing the
+device patches torch for the whole process (``torch.tensor``, ``torch.Generator``, ``torch._int_mm``, the ``npu``
+backend), so these run in a pytest process of their own (tests/test_simulated_device.py), never beside other tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import simulated_accelerator as device
+
+device.install(clear_cuda_version=False)  # the torch build keeps its identity (the checks do not need it cleared)
+NPU0, NPU1 = torch.device("npu", 0), torch.device("npu", 1)
+
+
+@pytest.fixture
+def on_device():
+    """The dispatch mode in this thread, fresh counters, ``_int_mm`` present; restored afterwards."""
+    device.reset_counters()
+    with device.SimulatedDeviceMode():
+        yield
+    device.set_int_mm(True)
+    device.reset_counters()
+
+
+def small_model(generator: torch.Generator) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 8))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def test_values_are_the_cpus_and_a_wrong_dispatch_shows(on_device, monkeypatch):
+    generator = torch.Generator().manual_seed(0)
+    model, x = small_model(generator), torch.randn(4, 16, generator=generator)
+    expected = model(x)
+    with torch.inference_mode():
+        model.to(NPU0)
+        out = model(x.to(NPU0))
+    assert out.device == NPU0 and isinstance(out, device.DeviceTensor)
+    assert all(parameter.device == NPU0 for parameter in model.parameters())
+    assert torch.equal(out.cpu(), expected)
+    # red control: a dispatch that computes on slightly different values is seen by the same comparison
+    monkeypatch.setattr(device, "unwrap", lambda value: value.elem * (1 + 2 ** -10) if isinstance(
+        value, device.DeviceTensor) else value)
+    with torch.inference_mode():
+        wrong = model(x.to(NPU0))
+    monkeypatch.undo()
+    assert not torch.equal(wrong.cpu(), expected)
+
+
+def test_mixed_devices_raise_the_accelerator_error(on_device):
+    a, b = torch.randn(3, 3), torch.randn(3, 3)
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found at least two "
+                                           r"devices, npu:0 and cpu!"):
+        a.to(NPU0) + b
+    with pytest.raises(RuntimeError, match=r"found at least two devices, npu:1 and npu:0!"):
+        a.to(NPU1) @ b.to(NPU0)
+    # allowed as on CUDA: a 0-dim CPU tensor, CPU indices, copies both ways
+    assert torch.equal((a.to(NPU0) * torch.tensor(2.0)).cpu(), a * 2)
+    index = torch.tensor([2, 0])
+    assert torch.equal(a.to(NPU0)[index].cpu(), a[index])
+    target = torch.empty(3, 3, device=NPU0)
+    target.copy_(b, non_blocking=True)
+    assert torch.equal(target.cpu(), b) and torch.equal(target.to(NPU1).cpu(), b)
+
+
+def test_factories_generators_and_inference_mode(on_device):
+    assert torch.zeros(2, 3, device="npu").device == NPU0  # an unindexed device is the current one
+    assert torch.ones(2, device=NPU1).device == NPU1
+    made = torch.tensor([1.5, 2.5], device=NPU0)
+    assert made.device == NPU0 and made.cpu().tolist() == [1.5, 2.5]
+    on_npu = torch.randn(5, generator=torch.Generator(device="npu").manual_seed(3), device=NPU0)
+    on_cpu = torch.randn(5, generator=torch.Generator().manual_seed(3))
+    assert on_npu.device == NPU0 and torch.equal(on_npu.cpu(), on_cpu)
+    with torch.inference_mode():
+        plain = torch.randn(4, 4)
+        assert type(plain.view(16)) is torch.Tensor and type(plain.t()) is torch.Tensor
+        half = plain.to(NPU0).to(torch.float16)
+        assert half.device == NPU0 and half.dtype == torch.float16
+        assert torch.equal(half.cpu(), plain.to(torch.float16))
+    moved = plain.to(NPU0)
+    assert moved.to(NPU0) is moved  # no change: the same tensor, as on CUDA
+
+
+def test_host_to_device_counters(on_device):
+    host = torch.randn(1000)
+    on_npu = host.to(NPU0)
+    target = torch.empty(1000, device=NPU0)
+    target.copy_(host)
+    on_npu.to(NPU1)  # device to device: not host-to-device
+    on_npu.cpu()
+    assert device.host_to_device() == {"_to_copy": [1, 4000], "copy_": [1, 4000]}
+    device.reset_counters()
+    assert device.host_to_device() == {}
+
+
+def test_memory_accounting_follows_live_tensors(on_device):
+    device.set_total_mb(64)
+    try:
+        before_free, total = torch.npu.mem_get_info(NPU0)
+        assert total == 64 * 1024 * 1024
+        block = torch.empty(1024, 1024, device=NPU0)  # 4 MiB
+        view = block[:10]
+        free, _ = torch.npu.mem_get_info(NPU0)
+        assert before_free - free == 4 * 1024 * 1024  # a view shares its storage: counted once
+        assert torch.npu.memory_stats(NPU0)["active_bytes.all.current"] == device.allocated_bytes(0)
+        del block, view
+        assert torch.npu.mem_get_info(NPU0)[0] == before_free
+    finally:
+        device.set_total_mb(float(os.environ.get(device.TOTAL_MB_ENV, "2048")))
+
+
+@torch.library.custom_op("minimax_hotfix_tests::int8_gemm", mutates_args=())
+def int8_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch._int_mm(a, b)  # called from Python on the unwrapped tensors, as comfy-kitchen's eager kernel
+
+
+@int8_gemm.register_fake
+def _(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
+
+
+def test_no_int_mm_mode_raises_the_mps_error_where_device_work_is_unwrapped(on_device):
+    a = torch.randint(-8, 8, (32, 32), dtype=torch.int8)
+    b = torch.randint(-8, 8, (32, 32), dtype=torch.int8)
+    expected = torch._int_mm(a, b)
+    assert torch.equal(int8_gemm(a.to(NPU0), b.to(NPU0)).cpu(), expected)  # green: the device has it
+    device.set_int_mm(False)
+    for call in (lambda: torch._int_mm(a.to(NPU0), b.to(NPU0)), lambda: int8_gemm(a.to(NPU0), b.to(NPU0))):
+        with pytest.raises(NotImplementedError, match=r"aten::_int_mm' is not currently implemented for the MPS"):
+            call()
+    assert torch.equal(torch._int_mm(a, b), expected)  # the host keeps it
+
+
+def test_quantized_tensor_unpacks_itself_first(on_device, monkeypatch):
+    quant_ops = pytest.importorskip("comfy_kitchen.tensor")
+    generator = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(64, 256, generator=generator), torch.randn(4, 256, generator=generator)
+    quantized = quant_ops.QuantizedTensor.from_float(weight, "TensorWiseINT8Layout")
+    expected = torch.nn.functional.linear(x, quantized)
+    on_npu = quantized.to(NPU0)
+    assert type(on_npu) is type(quantized) and on_npu._qdata.device == NPU0
+    out = torch.nn.functional.linear(x.to(NPU0), on_npu)
+    assert out.device == NPU0 and torch.equal(out.cpu(), expected)
+    # red control: a device that claims every op for itself runs comfy-kitchen's kernel on the QuantizedTensor
+    # with its device parts, and the kernel sees two devices
+    original = device.run_op
+    monkeypatch.setattr(device, "run_op", lambda func, types, args, kwargs: original(func, (), args, kwargs))
+    with pytest.raises(RuntimeError, match=r"found at least two devices, npu:0 and cpu! .*int8_linear"):
+        torch.nn.functional.linear(x.to(NPU0), on_npu)
+
+
+def test_views_of_inference_tensors_outside_inference_mode(on_device):
+    """A buffer moved under inference mode (a fix's hook during a node) and viewed later outside it."""
+    with torch.inference_mode():
+        buffer = torch.arange(4.0).to(NPU0)
+    with torch.no_grad():
+        view = buffer[None, :]
+    assert view.device == NPU0 and torch.equal(view.cpu(), torch.arange(4.0)[None, :])
