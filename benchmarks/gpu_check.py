@@ -17,8 +17,9 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
 2. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
 3. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
-A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, and the budget split the
-models as intended (a partial load logged at the "partial" and "smallest" budgets). The stock runs are reported, not
+A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, the budget split the
+models as intended (a partial load logged at the "partial" and "smallest" budgets), and the scenario's fix, where
+the start-up log says it is needed on that core, hooked more than 0 modules. The stock runs are reported, not
 judged: whether they fail depends on the ComfyUI core at PATH.
 
 Exit status: 0 every check passed, 1 a check failed, 2 the check cannot run here (no CUDA, no ComfyUI at PATH).
@@ -65,6 +66,18 @@ def cannot_run(args) -> str | None:
                 "tests/test_seed_scenarios_on_device.py")
     if not (args.comfyui / "main.py").is_file():
         return f"gpu_check: no ComfyUI at {args.comfyui} (main.py not found)"
+    from doctor import load_pack
+
+    load_pack()
+    from minimax_hotfix.diagnostics.comfyui_checkout import (
+        ComfyUIUnavailable,
+        use_comfyui_checkout,
+    )
+
+    try:
+        use_comfyui_checkout(str(args.comfyui))
+    except ComfyUIUnavailable as exc:
+        return f"gpu_check: {exc}"
     return None
 
 
@@ -117,7 +130,7 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
     from comfyui_server import CudaDevice
 
     models = work / "models"
-    synthetic_models.write_models(models)
+    synthetic_models.write_models(models)  # with that ComfyUI's own classes (cannot_run made it importable)
     runs = plan(torch.cuda.device_count())
     references = {}
     with server(args.comfyui, models, work, None, pack=True) as cpu:
@@ -151,16 +164,19 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
                                               reference["tensors"], scenario.compared)
                         if reference["error"] is None else None)
                 split = any("partial" in load for load in result["loads"])
+                hooks = seed_scenarios.hook_counts(result["fix_lines"])
+                state = seed_scenarios.fix_state(running[2], scenario.fix.split("@")[0]) if scenario.fix else None
                 verdict = "reported"
                 if pack:
                     passed = (result["error"] is None and diff is not None and diff <= TOLERANCE
-                              and (split or run["budget"] not in PARTIAL_BUDGETS))
+                              and (split or run["budget"] not in PARTIAL_BUDGETS)
+                              and (state != "needed" or hooks.get(scenario.fix, 0) > 0))
                     verdict = "pass" if passed else "FAIL"
                     failed += not passed
                 rows.append({"scenario": scenario.name, "budget": run["budget"], "loaders": loaders,
                              "reserve_vram_gb": device.reserve_vram_gb, "device": f"cuda:{index}",
                              "error": result["error"], "loads": result["loads"], "partial_load": split,
-                             "hooks": seed_scenarios.hook_counts(result["fix_lines"]), "max_abs_diff": diff,
+                             "hooks": hooks, "fix_state": state, "max_abs_diff": diff,
                              "verdict": verdict})
     for run in runs:
         if run["skipped"]:

@@ -127,6 +127,12 @@ def hook_counts(lines: list[str]) -> dict[str, int]:
     return counts
 
 
+def fix_state(base: Path, fix: str) -> str | None:
+    """What the server's start-up log says of ``fix`` ("needed", "fixed upstream", ...), None when it says nothing."""
+    found = re.search(rf"MiniMax Hotfix: {fix}: ([\w ]+)", (base / "comfyui.log").read_text())
+    return found.group(1).strip() if found else None
+
+
 def max_abs_diff(tensors: dict, reference: dict, compared=H3_COMPARED) -> float | None:
     if not tensors:
         return None

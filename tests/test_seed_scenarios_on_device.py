@@ -21,7 +21,6 @@ latent moves its output by 0.015 on the CPU alone), so the sampled latent's last
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import seed_scenarios
 import simulated_cores
 import synthetic_models
 from comfyui_server import SimulatedDevice, comfyui_with_pack
-from seed_scenarios import hook_counts, named, record, run, workflows
+from seed_scenarios import fix_state, hook_counts, named, record, run, workflows
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
@@ -111,8 +110,7 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, servers, h3_reference)
         elif budget != "full":
             assert stock["error"].startswith(f"VAEDecode: {MIXED}, npu:0 and cpu!"), stock["error"]
             assert "rms_rope" in stock["error"], stock["error"]
-    startup_status = re.search(rf"MiniMax Hotfix: {fix}: ([\w ]+)",
-                               (servers(core, True, device)[2] / "comfyui.log").read_text()).group(1).strip()
+    startup_status = fix_state(servers(core, True, device)[2], fix)
     print(f"{core}: {fix} ({model}): {startup_status}")
     assert startup_status == ("fixed upstream" if core == "fixed VAE" else "needed")
 
