@@ -51,6 +51,25 @@ class SimulatedDevice:
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
                 simulated_accelerator.CURRENT_ENV: str(self.current)}
 
+@dataclass(frozen=True)
+class CudaDevice:
+    """Start the server on real CUDA (benchmarks/gpu_check.py): ``--reserve-vram`` sets what ComfyUI's memory manager
+    may keep resident; ``index`` other than 0 is ``--default-device index`` (the other devices stay visible, but
+    ComfyUI renumbers them so that this one is ``cuda:0`` in the server). fp32 and TF32 off, so that outputs compare
+    with a ``--cpu`` run."""
+
+    reserve_vram_gb: float | None = None
+    index: int = 0
+
+    def options(self) -> tuple[str, ...]:
+        reserve = () if self.reserve_vram_gb is None else ("--reserve-vram", f"{self.reserve_vram_gb:.6f}")
+        default = ("--default-device", str(self.index)) if self.index else ()
+        return ("--force-fp32", "--fp32-vae", *reserve, *default)
+
+    def environment(self) -> dict:
+        return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}
+
+
 STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
 STAND_IN_SOURCE = '''"""Stand-in for ComfyUI-GGUF's CLIPLoaderGGUF (the pack's test suite): same inputs, validation only."""
 import folder_paths
@@ -94,7 +113,7 @@ def http(url: str, body: dict | bytes | None = None):
 
 @contextlib.contextmanager
 def running_comfyui(comfyui: Path, base: Path, *, input_directory: Path | None = None,
-                    options: tuple[str, ...] = (), device: SimulatedDevice | None = None):
+                    options: tuple[str, ...] = (), device: SimulatedDevice | CudaDevice | None = None):
     """Yields the URL of ``main.py --cpu *options`` (on ``device``: without ``--cpu``) from ``comfyui`` with
     ``--base-directory base`` (its custom_nodes/, models/, output/) once it answers; the log is
     ``base/comfyui.log``."""
@@ -148,10 +167,10 @@ def install_custom_nodes(comfyui: Path, custom_nodes: Path, *extra: Path, pack: 
 
 @contextlib.contextmanager
 def comfyui_with_pack(comfyui: Path, base: Path, *extra_nodes: Path, options: tuple[str, ...] = (),
-                      device: SimulatedDevice | None = None, pack: bool = True):
+                      device: SimulatedDevice | CudaDevice | None = None, pack: bool = True):
     """Yields (url, object_info) of a running ComfyUI with ``install_custom_nodes`` in ``base`` (on ``device``, with
     its ``/simulated_device`` route); fails when the pack did not load (or, with ``pack`` false, did)."""
-    if device:
+    if isinstance(device, SimulatedDevice):
         extra_nodes = (*extra_nodes, SIMULATED_DEVICE / "simulated_device_routes")
     install_custom_nodes(comfyui, base / "custom_nodes", *extra_nodes, pack=pack)
     with running_comfyui(comfyui, base, input_directory=comfyui / "input", options=options, device=device) as url:

@@ -1,0 +1,143 @@
+"""The end-to-end seed scenarios, defined once: the simulated-device tests (tests/test_seed_scenarios_on_device.py)
+and the opt-in GPU check (benchmarks/gpu_check.py) both run this list, so the two cannot drift apart.
+
+A budget is what ComfyUI may keep resident on the device, in MB, beyond the ``minimum_inference_memory()`` it keeps
+free before it loads weights: the simulated device sets its total to that sum, the GPU check sets ``--reserve-vram``
+so that the real free memory leaves that much.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import scenario_table
+import swap_loaders
+from comfyui_server import finished_prompt, http
+from safetensors.torch import load_file
+from workflow_api import FRONTEND_ONLY, load
+from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
+
+PACK_ROOT = Path(__file__).resolve().parents[1]
+H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json"
+H3_PROBES = ("sampled",)
+H3_COMPARED = ("sampled.latent_0", "sampled.images")  # the audio: see tests/test_seed_scenarios_on_device.py
+LOAD_LINE = re.compile(r"loaded (completely|partially); .*?([\d.]+) MB loaded")
+H3_RESIDENT_MB = {"full": 256, "partial": 1.5, "smallest": 0}  # 1.5 of the tiny video VAE's 2.89 MB (float32)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    test: str  # the simulated-device test that runs it
+    workflow: Path
+    cores: tuple[str, ...]  # the simulated cores it runs on
+    resident_mb: dict[str, float]  # budget name -> MB resident beyond minimum_inference_memory()
+    make_prompt: Callable[[dict, dict, str], dict]
+    probes: tuple[str, ...] = H3_PROBES
+    compared: tuple[str, ...] = H3_COMPARED
+    device_index: int = 0  # models on device:index, while device:0 exists too
+    fix: str | None = None  # "fix@model" that must hook more than 0 modules where the fix is needed
+
+
+SCENARIOS = (
+    Scenario("seed 000 H3 t2v", "test_seed_000_h3_vae_decode_under_partial_loads", H3_TEXT_TO_VIDEO,
+             ("0.36/0.37 VAE", "fixed VAE"), H3_RESIDENT_MB, h3_prompt,
+             fix="vae_qk_norm_scale@MiniMaxH3VideoVAE"),
+    Scenario("multi-device (models on device 1)", "test_multi_device_h3_on_npu1", H3_TEXT_TO_VIDEO,
+             ("0.36/0.37 VAE",), {"partial": H3_RESIDENT_MB["partial"]}, h3_prompt, device_index=1,
+             fix="vae_qk_norm_scale@MiniMaxH3VideoVAE"),
+    # ComfyUI loads the Music 3 text encoder and DAV fully whatever the budget (disable_offload)
+    Scenario("seed 002 Music 3", "test_seed_002_music3_on_the_device", MUSIC3, ("0.36/0.37 VAE",),
+             {"full": 512, "partial": 100, "smallest": 0}, music3_prompt, probes=("encoded", "zeroed"),
+             compared=("encoded.conditioning", "encoded.audio", "zeroed.conditioning")),
+)
+
+
+def named(name: str) -> Scenario:
+    (scenario,) = [scenario for scenario in SCENARIOS if scenario.name == name]
+    return scenario
+
+
+def error_of(entry: dict) -> str | None:
+    """``node type: first line of the exception`` of a failed run, None when it completed."""
+    if entry["status"]["status_str"] == "success":
+        return None
+    ((_, data),) = [message for message in entry["status"]["messages"] if message[0] == "execution_error"]
+    return f"{data['node_type']}: {data['exception_message'].strip().splitlines()[0]}"
+
+
+def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_prompt=h3_prompt,
+        probes=("sampled",), current_device: int = 0) -> dict:
+    """Queues ``make_prompt(workflow)`` (H3: tiny canvas, the tiny real text encoder, probes) on ``server`` at
+    ``total_mb`` with models on ``npu:current_device``; returns its outcome, the probe tensors, the loads and fix
+    lines of its log, its host-to-device copies."""
+    url, object_info, base = server
+    log = base / "comfyui.log"
+    http(url + "/free", {"unload_models": True, "free_memory": True})
+    if total_mb is not None:
+        http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
+                                         "reset_counters": True})
+    start = len(log.read_text())
+    workflow = copy.deepcopy(workflow)
+    # a server without the pack lacks its status node (a display, linked to nothing): the user deletes it
+    workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] in object_info
+                         or node["type"] in FRONTEND_ONLY or node["type"] == "CLIPLoader"]
+    prompt = make_prompt(workflow, object_info, tag)
+    entry = finished_prompt(url, prompt, base)
+    text = log.read_text()[start:]
+    tensors = {f"{probe}.{name}": value for probe in probes
+               if (path := base / "output" / f"{tag}_{probe}.safetensors").exists()
+               for name, value in load_file(path).items()}
+    device = json.loads(http(url + "/simulated_device")[1]) if total_mb is not None else None
+    return {"error": error_of(entry), "tensors": tensors,
+            "loads": [f"{float(mb):.2f}{'' if kind == 'completely' else ' (partial)'}"
+                      for kind, mb in LOAD_LINE.findall(text)],
+            "fix_lines": [match.group(0) for line in text.splitlines() if (match := FIX_LOG.search(line))],
+            "h2d": sum(nbytes for _, nbytes in device["host_to_device"].values()) if device else None}
+
+
+def hook_counts(lines: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in lines:
+        found = re.search(r"MiniMax Hotfix: (\w+) hooked (\d+) module\(s\) of (\w+)", line)
+        if found:
+            key = f"{found.group(1)}@{found.group(3)}"
+            counts[key] = counts.get(key, 0) + int(found.group(2))
+    return counts
+
+
+def fix_state(base: Path, fix: str) -> str | None:
+    """What the server's start-up log says of ``fix`` ("needed", "fixed upstream", ...), None when it says nothing."""
+    found = re.search(rf"MiniMax Hotfix: {fix}: ([\w ]+)", (base / "comfyui.log").read_text())
+    return found.group(1).strip() if found else None
+
+
+def max_abs_diff(tensors: dict, reference: dict, compared=H3_COMPARED) -> float | None:
+    if not tensors:
+        return None
+    return max((tensors[name] - reference[name]).abs().max().item() for name in compared)
+
+
+def record(scenario, core, budget, loaders, result, reference, compared=H3_COMPARED):
+    diff = max_abs_diff(result["tensors"], reference, compared)
+    row = {"scenario": scenario, "core": core, "budget": budget, "loaders": loaders,
+           "outcome": "completed" if result["error"] is None else f"error: {result['error'][:150]}",
+           "loads": "/".join(result["loads"]), "hooks": ", ".join(f"{k}={v}" for k, v in
+                                                                  hook_counts(result["fix_lines"]).items()) or "-",
+           "max_abs_diff": "-" if diff is None else f"{diff:.1e}",
+           "h2d": "-" if result["h2d"] is None else f"{result['h2d'] / 2**20:.2f} MiB"}
+    scenario_table.ROWS.append(row)
+    print(" | ".join(str(value) for value in row.values()))
+    return diff
+
+
+def workflows(path: Path = H3_TEXT_TO_VIDEO) -> tuple[dict, dict]:
+    pack = load(path)
+    stock = copy.deepcopy(pack)
+    assert swap_loaders.swap(stock, reverse=True)
+    return pack, stock

@@ -1,0 +1,64 @@
+"""The opt-in GPU check (benchmarks/gpu_check.py) stays runnable without a GPU: it refuses in one line, and it runs
+the very scenario list of the simulated-device tests (tests/seed_scenarios.py), budget by budget, stock and pack."""
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import seed_scenarios
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SIMULATED_DEVICE_TESTS = ROOT / "tests" / "test_seed_scenarios_on_device.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check itself runs there")
+def test_without_cuda_it_refuses_in_one_line_with_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--comfyui", str(tmp_path), "--out", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert len(done.stdout.strip().splitlines()) == 1 and "needs CUDA" in done.stdout, done.stdout
+    assert not done.stderr and not (tmp_path / "r.json").exists(), done.stderr
+
+
+def scenarios_of_the_simulated_device_tests() -> dict[str, str]:
+    """test function -> the scenario it runs (its ``scenario = named("...")``)."""
+    found = {}
+    for function in ast.parse(SIMULATED_DEVICE_TESTS.read_text(encoding="utf-8")).body:
+        if isinstance(function, ast.FunctionDef) and function.name.startswith("test_"):
+            for node in ast.walk(function):
+                if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["scenario"]
+                        and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "named"):
+                    found[function.name] = node.value.args[0].value
+    return found
+
+
+def test_its_scenario_list_is_the_simulated_device_tests_list(gpu_check):
+    assert scenarios_of_the_simulated_device_tests() == {s.test: s.name for s in seed_scenarios.SCENARIOS}
+    planned = {(run["scenario"].name, run["budget"], run["pack"]) for run in gpu_check.plan(device_count=2)
+               if not run["skipped"]}
+    assert planned == {(s.name, budget, pack) for s in seed_scenarios.SCENARIOS for budget in s.resident_mb
+                       for pack in (False, True)}
+
+
+def test_one_cuda_device_skips_only_the_multi_device_scenario(gpu_check):
+    skipped = {run["scenario"].name for run in gpu_check.plan(device_count=1) if run["skipped"]}
+    assert skipped == {s.name for s in seed_scenarios.SCENARIOS if s.device_index > 0} != set()
+
+
+@pytest.mark.parametrize("free_mb, resident_mb", [(80_000, 0), (80_000, 1.5), (24_000, 512)])
+def test_the_reserve_leaves_the_resident_mb(gpu_check, free_mb, resident_mb):
+    reserve_mb = gpu_check.reserve_vram_gb(free_mb, resident_mb) * 1024
+    assert free_mb - (gpu_check.INFERENCE_MB + reserve_mb) == pytest.approx(resident_mb)
