@@ -2,7 +2,6 @@
 the very scenario list of the simulated-device tests (tests/seed_scenarios.py), budget by budget, stock and pack."""
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import seed_scenarios
 import torch
+from benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -18,10 +18,7 @@ SIMULATED_DEVICE_TESTS = ROOT / "tests" / "test_seed_scenarios_on_device.py"
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check itself runs there")

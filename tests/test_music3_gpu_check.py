@@ -1,25 +1,20 @@
 """The opt-in GPU check (benchmarks/music3_graph_capture.py) stays runnable: its argument parsing, model construction
 and static-buffer logic run here on CPU (graphs emulated), and without CUDA it exits clearly."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from minimax_hotfix.diagnostics.emulated_capture import capture_allowed_on
 from minimax_hotfix.diagnostics.tiny_decoder import EmulatedGraphs, GGUFStyleQ4Linear
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "music3_graph_capture.py"
 SMALL = ["--steps", "8", "--layers", "3", "--hidden", "64", "--heads", "4", "--intermediate", "128", "--dtype", "fp32"]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("music3_graph_capture", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("music3_graph_capture")
 
 
 def test_defaults_fit_the_documented_budget(script):
