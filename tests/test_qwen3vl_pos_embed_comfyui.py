@@ -134,10 +134,10 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
         each.eject_model()
         hooked.append("fast_pos_embed_interpolate" in vars(holder.visual))
         holder.visual(pixels().to("meta"), torch.tensor(GRID))
-    assert hooked == [True, False, True, False]
     # The first injected call casts the table to meta through pos_embed; the clone's reuses it (no gather call);
-    # ejected, the stock method gathers on the CPU.
+    # ejected, the stock method gathers on the CPU. Checked first: with the fix off, this is the bug's own symptom.
     assert seen == ["meta", "cpu", "cpu"]
+    assert hooked == [True, False, True, False]
     assert fix.resident_tables(holder.visual).resident_bytes() > 0
     clone.detach(unpatch_all=False)  # ComfyUI unloading the model (meta weights cannot move back)
     assert fix.resident_tables(holder.visual).resident_bytes() == 0
