@@ -77,8 +77,24 @@ ACCEPTED = {
 
 
 # the entries whose finding exists only where a fix reads a state: (fix id, state)
+def _decoder_hands_its_norm_weights_to_rms_norm() -> bool:
+    """0.33.0's transformer block (and a core whose ``linear_input_act`` computes the rms_norm input eagerly) copies
+    the norms' weights itself; 0.39's ``linear_input_act`` reads them through ComfyUI's own weight cast."""
+    import inspect
+
+    import comfy.ldm.minimax.vae
+    import comfy.ops
+
+    return ("rms_norm(x, self.norm1.weight" in inspect.getsource(comfy.ldm.minimax.vae)
+            or "rms_norm(x, act_weight" in inspect.getsource(comfy.ops.linear_input_act))
+
+
+# Entries that show only on some cores: key -> ("fix id", "state") where the finding shows only while that fix reads
+# that state, or a function of the running core's code.
 SHOWS_WHERE = {("H3 video VAE decoder", "decoder.transformer_blocks.*.attn.qk_norm_scale", "host-to-device"):
-               ("vae_qk_norm_scale", "fixed upstream")}
+               ("vae_qk_norm_scale", "fixed upstream"),
+               ("H3 video VAE decoder", "decoder.transformer_blocks.*.norm[12].weight", "host-to-device"):
+               _decoder_hands_its_norm_weights_to_rms_norm}
 
 
 @dataclass
