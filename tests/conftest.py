@@ -1,6 +1,7 @@
 """Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
 ``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
-``registry`` fixture (the only place tests touch the registry's private state) and ``fresh_detection``."""
+``registry`` fixture (the only place tests touch the registry's private state), ``fresh_detection`` and the
+simulated-device servers (``device_models``, ``device_servers``)."""
 
 import os
 import sys
@@ -84,6 +85,46 @@ def fresh_detection(monkeypatch):
     pack_registry.forget_detection()
     yield
     pack_registry.forget_detection()
+
+
+@pytest.fixture(scope="session")
+def device_models(tmp_path_factory, comfyui):
+    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below."""
+    import synthetic_models
+
+    folder = tmp_path_factory.mktemp("device_models")
+    synthetic_models.write_models(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def device_servers(device_models, tmp_path_factory):
+    """``server(core, pack, device)``: (url, object_info, base) of a running ComfyUI on a simulated core
+    (tests/simulated_cores.py) serving ``device_models``, the probe node installed, started once per key and shared
+    by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py and the template runs)."""
+    import contextlib
+    import time
+
+    import simulated_cores
+    from comfyui_server import SimulatedDevice, comfyui_with_pack
+
+    cores, running = {}, {}
+    with contextlib.ExitStack() as stack:
+        def server(core: str, pack: bool, device: SimulatedDevice | None):
+            key = (core, pack, device)
+            if key not in running:
+                if core not in cores:
+                    cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
+                base = tmp_path_factory.mktemp("server")
+                (base / "models").symlink_to(device_models, target_is_directory=True)
+                started = time.monotonic()
+                url, object_info = stack.enter_context(comfyui_with_pack(
+                    cores[core], base, HERE / "comfyui_probe", options=("--cache-none",), device=device, pack=pack))
+                print(f"\nserver {core!r} pack={pack} device={device} ready in {time.monotonic() - started:.1f} s")
+                running[key] = url, object_info, base
+            return running[key]
+
+        yield server
 
 
 def pytest_configure(config):

@@ -27,6 +27,7 @@ H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json"
 H3_PROBES = ("sampled",)
 H3_COMPARED = ("sampled.latent_0", "sampled.images")  # the audio: see tests/test_seed_scenarios_on_device.py
 LOAD_LINE = re.compile(r"loaded (completely|partially); .*?([\d.]+) MB loaded")
+RESERVE_MB = 0.8 * 1024 + 400  # ComfyUI's minimum_inference_memory(): 0.8 GiB plus its 400 MiB reserve
 H3_RESIDENT_MB = {"full": 256, "partial": 1.5, "smallest": 0}  # 1.5 of the tiny video VAE's 2.89 MB (float32)
 
 
@@ -61,6 +62,11 @@ SCENARIOS = (
 def named(name: str) -> Scenario:
     (scenario,) = [scenario for scenario in SCENARIOS if scenario.name == name]
     return scenario
+
+
+def budgets(scenario: Scenario) -> dict[str, float]:
+    """Budget name -> the simulated device's total (MB)."""
+    return {budget: RESERVE_MB + resident for budget, resident in scenario.resident_mb.items()}
 
 
 def error_of(entry: dict) -> str | None:

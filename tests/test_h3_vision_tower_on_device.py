@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
+import seed_scenarios  # noqa: E402
 import swap_loaders  # noqa: E402
 import synthetic_models  # noqa: E402
 from comfyui_server import (  # noqa: E402
@@ -39,9 +40,9 @@ from workflow_prompts import executed_nodes  # noqa: E402
 WORKFLOW = PACK_ROOT / "workflows" / "minimax_h3_reference_to_video.json"
 OPT_IN = "MINIMAX_HOTFIX_SLOW_DEVICE_TESTS"
 PROMPTS = ("a red kite over the sea", "a blue boat in the rain")
-# ComfyUI keeps 0.8 GB plus its 0.4 GB reserve free for inference before it loads weights (model_management); above
-# that the budget is what a total leaves for the model
-KEPT_FREE_MB = 0.8 * 1024 + 400
+# what ComfyUI keeps free for inference before it loads weights; above that the budget is what a total leaves for
+# the model
+KEPT_FREE_MB = seed_scenarios.RESERVE_MB
 PARTIAL_LOG = re.compile(r"loaded partially;? ?([\d.]+) ?MB? ?(?:usable|loaded)?.*", re.I)
 
 

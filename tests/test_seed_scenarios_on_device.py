@@ -20,9 +20,7 @@ latent moves its output by 0.015 on the CPU alone), so the sampled latent's last
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,66 +28,28 @@ import torch
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
-import seed_scenarios
 import simulated_cores
-import synthetic_models
-from comfyui_server import SimulatedDevice, comfyui_with_pack
-from seed_scenarios import fix_state, hook_counts, named, record, run, workflows
+from comfyui_server import SimulatedDevice
+from seed_scenarios import budgets, fix_state, hook_counts, named, record, run, workflows
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
-RESERVE_MB = 0.8 * 1024 + 400
 MIXED = "Expected all tensors to be on the same device, but found at least two devices"
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, comfyui):
-    folder = tmp_path_factory.mktemp("device_models")
-    synthetic_models.write_models(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def servers(models, tmp_path_factory):
-    """``server(core, pack, device)``: (url, object_info, base) of a running ComfyUI, started once per key."""
-    cores, running = {}, {}
-    with contextlib.ExitStack() as stack:
-        def server(core: str, pack: bool, device: SimulatedDevice | None):
-            key = (core, pack, device)
-            if key not in running:
-                if core not in cores:
-                    cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
-                base = tmp_path_factory.mktemp("server")
-                (base / "models").symlink_to(models, target_is_directory=True)
-                started = time.monotonic()
-                url, object_info = stack.enter_context(comfyui_with_pack(
-                    cores[core], base, PACK_ROOT / "tests" / "comfyui_probe", options=("--cache-none",),
-                    device=device, pack=pack))
-                print(f"\nserver {core!r} pack={pack} device={device} ready in {time.monotonic() - started:.1f} s")
-                running[key] = url, object_info, base
-            return running[key]
-
-        yield server
-
-
-def budgets(scenario: seed_scenarios.Scenario) -> dict[str, float]:
-    """Budget name -> the device's total (MB)."""
-    return {budget: RESERVE_MB + resident for budget, resident in scenario.resident_mb.items()}
 
 
 REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
 
 
 @pytest.fixture(scope="module")
-def h3_reference(servers):
+def h3_reference(device_servers):
     """The all-CPU (``--cpu``) run of the seed 000 graph, the reference of every H3 device run."""
-    reference = run(servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
+    reference = run(device_servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
     assert reference["error"] is None, reference["error"]
     return reference
 
 
 @pytest.mark.parametrize("core", named("seed 000 H3 t2v").cores)
-def test_seed_000_h3_vae_decode_under_partial_loads(core, servers, h3_reference):
+def test_seed_000_h3_vae_decode_under_partial_loads(core, device_servers, h3_reference):
     scenario = named("seed 000 H3 t2v")
     pack_workflow, stock_workflow = workflows(scenario.workflow)
     reference = h3_reference
@@ -97,8 +57,8 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, servers, h3_reference)
     slug = core.replace("/", "_").replace(" ", "_").replace(".", "")
     fix, model = scenario.fix.split("@")
     for budget, total_mb in budgets(scenario).items():
-        stock = run(servers(core, False, device), stock_workflow, f"{slug}_stock_{budget}", total_mb)
-        pack = run(servers(core, True, device), pack_workflow, f"{slug}_pack_{budget}", total_mb)
+        stock = run(device_servers(core, False, device), stock_workflow, f"{slug}_stock_{budget}", total_mb)
+        pack = run(device_servers(core, True, device), pack_workflow, f"{slug}_pack_{budget}", total_mb)
         stock_diff = record(scenario.name, core, budget, "stock (server without the pack)", stock, reference["tensors"])
         pack_diff = record(scenario.name, core, budget, "pack", pack, reference["tensors"])
         assert pack["error"] is None, pack["error"]
@@ -110,12 +70,12 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, servers, h3_reference)
         elif budget != "full":
             assert stock["error"].startswith(f"VAEDecode: {MIXED}, npu:0 and cpu!"), stock["error"]
             assert "rms_rope" in stock["error"], stock["error"]
-    startup_status = fix_state(servers(core, True, device)[2], fix)
+    startup_status = fix_state(device_servers(core, True, device)[2], fix)
     print(f"{core}: {fix} ({model}): {startup_status}")
     assert startup_status == ("fixed upstream" if core == "fixed VAE" else "needed")
 
 
-def test_multi_device_h3_on_npu1(servers, h3_reference):
+def test_multi_device_h3_on_npu1(device_servers, h3_reference):
     """The seed 000 graph with its models on ``npu:1`` (ComfyUI's current device switched through the device's
     route) at the partial budget: every fix still attached after ComfyUI's clones, the pack's run equal to the CPU's,
     the stock run failing as on ``npu:0`` but naming ``npu:1``."""
@@ -126,8 +86,8 @@ def test_multi_device_h3_on_npu1(servers, h3_reference):
     device = SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"])  # seed 000's servers
     ((budget, total_mb),) = budgets(scenario).items()
     index = scenario.device_index
-    stock = run(servers(core, False, device), stock_workflow, "npu1_stock", total_mb, current_device=index)
-    pack = run(servers(core, True, device), pack_workflow, "npu1_pack", total_mb, current_device=index)
+    stock = run(device_servers(core, False, device), stock_workflow, "npu1_stock", total_mb, current_device=index)
+    pack = run(device_servers(core, True, device), pack_workflow, "npu1_pack", total_mb, current_device=index)
     record(scenario.name, core, budget, "stock (server without the pack)", stock, reference["tensors"])
     diff = record(scenario.name, core, budget, "pack", pack, reference["tensors"])
     assert stock["error"].startswith(f"VAEDecode: {MIXED}, npu:{index} and cpu!"), stock["error"]
@@ -135,7 +95,7 @@ def test_multi_device_h3_on_npu1(servers, h3_reference):
     assert hook_counts(pack["fix_lines"]).get(scenario.fix, 0) > 0
 
 
-def test_seed_002_music3_on_the_device(servers):
+def test_seed_002_music3_on_the_device(device_servers):
     """Music 3 (text encoder, AR loop, DAV decode: what a CPU can run, see test_workflow_runs) on the device at three
     budgets, pack and stock loaders, equal outputs and equal to the CPU's. ComfyUI loads the Music 3 text encoder
     (12.27 MB) and DAV (206.60 MB) fully whatever the budget (their loads are forced full: ``disable_offload``), so
@@ -145,14 +105,14 @@ def test_seed_002_music3_on_the_device(servers):
     scenario = named("seed 002 Music 3")
     (core,) = scenario.cores
     pack_workflow, stock_workflow = workflows(scenario.workflow)
-    reference = run(servers(core, True, None), pack_workflow, "music3_cpu", make_prompt=scenario.make_prompt,
+    reference = run(device_servers(core, True, None), pack_workflow, "music3_cpu", make_prompt=scenario.make_prompt,
                     probes=scenario.probes)
     assert reference["error"] is None, reference["error"]
     device = SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"])  # seed 000's servers
     for budget, total_mb in budgets(scenario).items():
         results = {}
         for loaders, pack in (("stock (server without the pack)", False), ("pack", True)):
-            result = run(servers(core, pack, device), pack_workflow if pack else stock_workflow,
+            result = run(device_servers(core, pack, device), pack_workflow if pack else stock_workflow,
                          f"music3_{'pack' if pack else 'stock'}_{budget}", total_mb,
                          make_prompt=scenario.make_prompt, probes=scenario.probes)
             diff = record(scenario.name, core, budget, loaders, result, reference["tensors"], scenario.compared)
