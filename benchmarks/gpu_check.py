@@ -88,12 +88,16 @@ def plan(device_count: int) -> list[dict]:
 
     runs = []
     for scenario in seed_scenarios.SCENARIOS:
+        if not scenario.int_mm:
+            skipped = "needs a device without torch._int_mm (the simulated one stands for MPS); CUDA has it"
+        elif scenario.device_index >= device_count:
+            skipped = f"needs {scenario.device_index + 1} CUDA devices, {device_count} here"
+        else:
+            skipped = None
         for budget, resident_mb in scenario.resident_mb.items():
             for pack in (False, True):
                 runs.append({"scenario": scenario, "budget": budget, "pack": pack, "index": scenario.device_index,
-                             "resident_mb": resident_mb,
-                             "skipped": None if scenario.device_index < device_count
-                             else f"needs {scenario.device_index + 1} CUDA devices, {device_count} here"})
+                             "resident_mb": resident_mb, "skipped": skipped})
     return runs
 
 

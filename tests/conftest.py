@@ -98,10 +98,22 @@ def device_models(tmp_path_factory, comfyui):
 
 
 @pytest.fixture(scope="session")
+def device_int8_models(tmp_path_factory, comfyui):
+    """(int8, dense): models folders with the H3 models, the DiT and video VAE int8 ConvRot in the first and
+    dequantized in the second (``synthetic_models.write_int8_models``), for the servers below (``models=``)."""
+    import synthetic_models
+
+    folders = tmp_path_factory.mktemp("device_int8_models") / "int8", tmp_path_factory.mktemp("dense_models") / "dense"
+    synthetic_models.write_int8_models(*folders)
+    return folders
+
+
+@pytest.fixture(scope="session")
 def device_servers(device_models, tmp_path_factory):
-    """``server(core, pack, device)``: (url, object_info, base) of a running ComfyUI on a simulated core
-    (tests/simulated_cores.py) serving ``device_models``, the probe node installed, started once per key and shared
-    by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py and the template runs)."""
+    """``server(core, pack, device, models=None)``: (url, object_info, base) of a running ComfyUI on a simulated core
+    (tests/simulated_cores.py) serving the models folder ``models`` (default ``device_models``), the probe node
+    installed, started once per key and shared by every end-to-end device test of the session
+    (tests/test_seed_scenarios_on_device.py and the template runs)."""
     import contextlib
     import time
 
@@ -110,17 +122,18 @@ def device_servers(device_models, tmp_path_factory):
 
     cores, running = {}, {}
     with contextlib.ExitStack() as stack:
-        def server(core: str, pack: bool, device: SimulatedDevice | None):
-            key = (core, pack, device)
+        def server(core: str, pack: bool, device: SimulatedDevice | None, models: Path | None = None):
+            models = models or device_models
+            key = (core, pack, device, models)
             if key not in running:
                 if core not in cores:
                     cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
                 base = tmp_path_factory.mktemp("server")
-                (base / "models").symlink_to(device_models, target_is_directory=True)
+                (base / "models").symlink_to(models, target_is_directory=True)
                 started = time.monotonic()
                 url, object_info = stack.enter_context(comfyui_with_pack(
                     cores[core], base, HERE / "comfyui_probe", options=("--cache-none",), device=device, pack=pack))
-                print(f"\nserver {core!r} pack={pack} device={device} ready in {time.monotonic() - started:.1f} s")
+                print(f"\nserver {core!r} pack={pack} device={device} models={models.name} ready in {time.monotonic() - started:.1f} s")
                 running[key] = url, object_info, base
             return running[key]
 

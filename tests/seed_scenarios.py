@@ -29,6 +29,7 @@ H3_COMPARED = ("sampled.latent_0", "sampled.images")  # the audio: see tests/tes
 LOAD_LINE = re.compile(r"loaded (completely|partially); .*?([\d.]+) MB loaded")
 RESERVE_MB = 0.8 * 1024 + 400  # ComfyUI's minimum_inference_memory(): 0.8 GiB plus its 400 MiB reserve
 H3_RESIDENT_MB = {"full": 256, "partial": 1.5, "smallest": 0}  # 1.5 of the tiny video VAE's 2.89 MB (float32)
+H3_INT8_RESIDENT_MB = {"full": 256, "partial": 3, "smallest": 0}  # splits the int8 DiT and the int8 video VAE
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Scenario:
     compared: tuple[str, ...] = H3_COMPARED
     device_index: int = 0  # models on device:index, while device:0 exists too
     fix: str | None = None  # "fix@model" that must hook more than 0 modules where the fix is needed
+    int_mm: bool = True  # False: on a device without torch._int_mm (MPS), which only the simulated device can be
 
 
 SCENARIOS = (
@@ -52,6 +54,9 @@ SCENARIOS = (
     Scenario("multi-device (models on device 1)", "test_multi_device_h3_on_npu1", H3_TEXT_TO_VIDEO,
              ("0.36/0.37 VAE",), {"partial": H3_RESIDENT_MB["partial"]}, h3_prompt, device_index=1,
              fix="vae_qk_norm_scale@MiniMaxH3VideoVAE"),
+    Scenario("seed 004 H3 int8 without _int_mm", "test_seed_004_h3_int8_without_int_mm", H3_TEXT_TO_VIDEO,
+             ("0.33.0", "fixed int8"), H3_INT8_RESIDENT_MB, h3_prompt, fix="int8_full_precision_mm@MiniMaxH3VideoVAE",
+             int_mm=False),
     # ComfyUI loads the Music 3 text encoder and DAV fully whatever the budget (disable_offload)
     Scenario("seed 002 Music 3", "test_seed_002_music3_on_the_device", MUSIC3, ("0.36/0.37 VAE",),
              {"full": 512, "partial": 100, "smallest": 0}, music3_prompt, probes=("encoded", "zeroed"),

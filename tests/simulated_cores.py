@@ -80,10 +80,14 @@ COMFY_ATTENTION = StandIn(
 INT8_COMPUTE_QUERY = StandIn(
     "int8_compute_query",
     "comfy.model_management.supports_int8_compute (#16130, which the fixed ops.py calls from pick_operations): no "
-    "int8 compute on MPS, as upstream answers by device type",
+    "int8 compute on MPS, as upstream answers by device type, nor on the simulated accelerator without _int_mm, "
+    "which stands for MPS there",
     "comfy/model_management.py",
     "\n\n# stand-in: int8_compute_query (#16130's supports_int8_compute)\n"
     "def supports_int8_compute(device=None):\n"
+    "    simulated = sys.modules.get('simulated_accelerator')\n"
+    "    if simulated is not None and torch.device(device or get_torch_device()).type == simulated.DEVICE_TYPE:\n"
+    "        return simulated.stats()['int_mm']\n"
     "    return not is_device_mps(device)\n",
 )
 

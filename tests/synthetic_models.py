@@ -9,12 +9,18 @@ defaults of ``MiniMaxH3VideoVAE`` and of its ``ViT3DDecoder``) and the H3 audio 
 ``MiniMaxH3AudioVAE``). Their files are written for the tiny configurations of ``TINY_CONFIGS`` instead, and the
 server that loads them applies the same numbers (``comfyui_probe`` starts ``tiny_config_patches()``). The Music 3 DAV
 is written at its real size (54 M parameters): ComfyUI reads nothing from its shapes.
+
+``write_int8_models`` writes the H3 DiT and video VAE as the real files are, int8 ConvRot, into a models folder of
+their own, with their dense (dequantized) copies in another: ConvRot rotates groups of 256 input features, wider than
+the tiny models, so those are 256 wide there (``INT8_TINY_DIT``; the decoder's width, which ComfyUI does not read from
+the file, in the folder's ``TINY_CONFIGS_FILE``, which the probe applies over ``TINY_CONFIGS``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 from pathlib import Path
 from unittest import mock
@@ -51,15 +57,28 @@ H3_TINY_DIT = {"hidden_size": 64, "num_layers": 2, "token_refiner_num_layers": 1
                "attention_head_dim": 32, "ffn_hidden_size": 128, "latents_dim": 24, "audio_latents_dim": 32,
                "text_dim": 64, "timestep_input_dim": 256, "time_embed_hidden_size": 64, "time_embed_dim": 32,
                "rope_inv_freq_len": 4}
+CONVROT_GROUP = 256
+CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": CONVROT_GROUP}
+INT8_TINY_DIT = {**H3_TINY_DIT, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 512}
+INT8_TINY_CONFIGS = {"comfy.ldm.minimax.vae.ViT3DDecoder": {"heads": 8}}  # width 8 x 32
+TINY_CONFIGS_FILE = "tiny_configs.json"  # in a models folder: its models' TINY_CONFIGS changes
 
 
-def tiny_config_patches() -> list:
-    """Patchers (``unittest.mock``) that make ComfyUI build the ``TINY_CONFIGS`` sizes: a dictionary updated, or a
-    class whose ``__init__`` gets the tiny values as defaults (arguments a caller passes still win)."""
+def tiny_configs_of(models_dir: Path | None) -> dict:
+    """``TINY_CONFIGS`` with the changes of ``models_dir``'s ``TINY_CONFIGS_FILE`` (where it has one)."""
+    changes = json.loads((models_dir / TINY_CONFIGS_FILE).read_text()) if models_dir and (
+        models_dir / TINY_CONFIGS_FILE).is_file() else {}
+    return {target: {**values, **changes.get(target, {})} for target, values in TINY_CONFIGS.items()}
+
+
+def tiny_config_patches(models_dir: Path | None = None) -> list:
+    """Patchers (``unittest.mock``) that make ComfyUI build the tiny sizes of ``tiny_configs_of(models_dir)``: a
+    dictionary updated, or a class whose ``__init__`` gets the tiny values as defaults (arguments a caller passes
+    still win)."""
     import importlib
 
     patchers = []
-    for target, values in TINY_CONFIGS.items():
+    for target, values in tiny_configs_of(models_dir).items():
         module_name, name = target.rsplit(".", 1)
         owner = getattr(importlib.import_module(module_name), name)
         if isinstance(owner, dict):
@@ -70,9 +89,9 @@ def tiny_config_patches() -> list:
 
 
 @contextlib.contextmanager
-def tiny_configs():
+def tiny_configs(models_dir: Path | None = None):
     with contextlib.ExitStack() as stack:
-        for patcher in tiny_config_patches():
+        for patcher in tiny_config_patches(models_dir):
             stack.enter_context(patcher)
         yield
 
@@ -134,13 +153,16 @@ def music3_dav(generator: torch.Generator) -> dict:
     return state
 
 
-def h3_dit(generator: torch.Generator) -> dict:
+def h3_dit_model(config: dict = H3_TINY_DIT) -> torch.nn.Module:
     import comfy.ops
     from comfy.ldm.minimax.model import MiniMaxH3Model
 
     with torch.device("meta"):
-        model = MiniMaxH3Model(**H3_TINY_DIT, dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init)
-    return random_state_dict(model, torch.bfloat16, generator)
+        return MiniMaxH3Model(**config, dtype=torch.bfloat16, operations=comfy.ops.disable_weight_init)
+
+
+def h3_dit(generator: torch.Generator) -> dict:
+    return random_state_dict(h3_dit_model(), torch.bfloat16, generator)
 
 
 def h3_text_encoder(generator: torch.Generator) -> dict:
@@ -152,14 +174,51 @@ def h3_text_encoder(generator: torch.Generator) -> dict:
     return random_state_dict(model.qwen3vl_32b.transformer, torch.bfloat16, generator)
 
 
-def h3_video_vae(generator: torch.Generator) -> dict:
-    """Tiny, unquantized float16 (the real file is int8 convrot); ComfyUI detects it by its key names."""
+def h3_video_vae_model(models_dir: Path | None = None) -> torch.nn.Module:
     import comfy.ops
     from comfy.ldm.minimax.vae import MiniMaxH3VideoVAE
 
-    with tiny_configs(), torch.device("meta"):
-        model = MiniMaxH3VideoVAE(operations=comfy.ops.disable_weight_init)
-    return random_state_dict(model, torch.float16, generator)
+    with tiny_configs(models_dir), torch.device("meta"):
+        return MiniMaxH3VideoVAE(operations=comfy.ops.disable_weight_init)
+
+
+def h3_video_vae(generator: torch.Generator) -> dict:
+    """Tiny, unquantized float16 (the real file is int8 convrot); ComfyUI detects it by its key names."""
+    return random_state_dict(h3_video_vae_model(), torch.float16, generator)
+
+
+def int8_convrot(model: torch.nn.Module, state: dict, layers: list[str]) -> tuple[dict, dict]:
+    """(``state`` with ``layers``' weights int8 ConvRot, as comfy-kitchen quantizes them and ComfyUI reads them:
+    int8 ``weight``, per-channel ``weight_scale``, the ``comfy_quant`` entry; ``state`` with those weights
+    dequantized, float32): the same model, once as the int8 file and once dense."""
+    from comfy.quant_ops import QuantizedTensor
+
+    quantized, dense = dict(state), dict(state)
+    for name in layers:
+        weight = QuantizedTensor.from_float(state[f"{name}.weight"].float(), "TensorWiseINT8Layout", per_channel=True,
+                                            convrot=True, convrot_groupsize=CONVROT_GROUP)
+        quantized[f"{name}.weight"], quantized[f"{name}.weight_scale"] = weight._qdata, weight._params.scale
+        quantized[f"{name}.comfy_quant"] = torch.tensor(list(json.dumps(CONVROT).encode()), dtype=torch.uint8)
+        dense[f"{name}.weight"] = weight.dequantize().float()
+    return quantized, dense
+
+
+def rotatable_linears(model: torch.nn.Module, prefix: str = "") -> list[str]:
+    """The Linears under ``prefix`` whose input features ConvRot's groups divide."""
+    return [name for name, module in model.named_modules() if name.startswith(prefix)
+            and isinstance(module, torch.nn.Linear) and module.in_features % CONVROT_GROUP == 0]
+
+
+def h3_int8_dit(generator: torch.Generator) -> tuple[dict, dict]:
+    model = h3_dit_model(INT8_TINY_DIT)
+    return int8_convrot(model, random_state_dict(model, torch.bfloat16, generator), rotatable_linears(model))
+
+
+def h3_int8_video_vae(generator: torch.Generator, models_dir: Path) -> tuple[dict, dict]:
+    """The decoder's transformer Linears int8, as in the real file."""
+    model = h3_video_vae_model(models_dir)
+    state = random_state_dict(model, torch.float16, generator)
+    return int8_convrot(model, state, rotatable_linears(model, "decoder.transformer_blocks."))
 
 
 def h3_audio_vae(generator: torch.Generator) -> dict:
@@ -170,6 +229,13 @@ def h3_audio_vae(generator: torch.Generator) -> dict:
     return random_state_dict(model, torch.float32, generator)
 
 
+def save_model(models_dir: Path, folder: str, name: str, state: dict) -> Path:
+    path = models_dir / folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({key: value.contiguous() for key, value in state.items()}, str(path))
+    return path
+
+
 def write_models(models_dir: Path) -> dict[str, Path]:
     """Writes every synthetic model under ``models_dir/<ComfyUI folder>/``; returns their paths by file name."""
     generator = torch.Generator().manual_seed(SEED)
@@ -178,13 +244,23 @@ def write_models(models_dir: Path) -> dict[str, Path]:
              ("text_encoders", H3_TEXT_ENCODER_FILE): h3_text_encoder,
              ("vae", H3_VIDEO_VAE_FILE): h3_video_vae, ("vae", H3_AUDIO_VAE_FILE): h3_audio_vae,
              **{("diffusion_models", name): h3_dit for name in H3_DIT_FILES}}
-    written = {}
-    for (folder, name), build in files.items():
-        path = models_dir / folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(build(generator), str(path))
-        written[name] = path
-    return written
+    return {name: save_model(models_dir, folder, name, build(generator)) for (folder, name), build in files.items()}
+
+
+def write_int8_models(int8_dir: Path, dense_dir: Path) -> None:
+    """The H3 models: DiT and video VAE int8 ConvRot in ``int8_dir``, their dense (dequantized) copies under the
+    same names in ``dense_dir``, the text encoder and audio VAE in both; each folder's ``TINY_CONFIGS_FILE``."""
+    for models_dir in (int8_dir, dense_dir):
+        models_dir.mkdir(parents=True, exist_ok=True)
+        (models_dir / TINY_CONFIGS_FILE).write_text(json.dumps(INT8_TINY_CONFIGS))
+    generator = torch.Generator().manual_seed(SEED)
+    pairs = {("text_encoders", H3_TEXT_ENCODER_FILE): lambda: (h3_text_encoder(generator),) * 2,
+             ("vae", H3_VIDEO_VAE_FILE): lambda: h3_int8_video_vae(generator, int8_dir),
+             ("vae", H3_AUDIO_VAE_FILE): lambda: (h3_audio_vae(generator),) * 2,
+             **{("diffusion_models", name): lambda: h3_int8_dit(generator) for name in H3_DIT_FILES}}
+    for (folder, name), build in pairs.items():
+        for models_dir, state in zip((int8_dir, dense_dir), build(), strict=True):
+            save_model(models_dir, folder, name, state)
 
 
 

@@ -46,13 +46,13 @@ def test_its_scenario_list_is_the_simulated_device_tests_list(gpu_check):
     assert scenarios_of_the_simulated_device_tests() == {s.test: s.name for s in seed_scenarios.SCENARIOS}
     planned = {(run["scenario"].name, run["budget"], run["pack"]) for run in gpu_check.plan(device_count=2)
                if not run["skipped"]}
-    assert planned == {(s.name, budget, pack) for s in seed_scenarios.SCENARIOS for budget in s.resident_mb
-                       for pack in (False, True)}
+    assert planned == {(s.name, budget, pack) for s in seed_scenarios.SCENARIOS if s.int_mm
+                       for budget in s.resident_mb for pack in (False, True)}
 
 
-def test_one_cuda_device_skips_only_the_multi_device_scenario(gpu_check):
+def test_one_cuda_device_skips_only_the_multi_device_and_the_no_int_mm_scenarios(gpu_check):
     skipped = {run["scenario"].name for run in gpu_check.plan(device_count=1) if run["skipped"]}
-    assert skipped == {s.name for s in seed_scenarios.SCENARIOS if s.device_index > 0} != set()
+    assert skipped == {s.name for s in seed_scenarios.SCENARIOS if s.device_index > 0 or not s.int_mm} != set()
 
 
 @pytest.mark.parametrize("free_mb, resident_mb", [(80_000, 0), (80_000, 1.5), (24_000, 512)])

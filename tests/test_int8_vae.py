@@ -10,11 +10,11 @@ constructor arguments. ``torch._int_mm`` raises the MPS error (a device without 
 """
 
 import functools
-import json
 import os
 from pathlib import Path
 
 import pytest
+import synthetic_models
 import torch
 
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
@@ -23,7 +23,6 @@ from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS
 from minimax_hotfix.registry.contract import State
 
 ROOT = Path(__file__).resolve().parents[1]
-CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
 # The latent of one 32x32 frame: [batch, 24 channels, 1 latent frame, 2, 2]
 LATENT_SHAPE = (1, 24, 1, 2, 2)
 
@@ -39,8 +38,6 @@ def small_h3_vae_classes(monkeypatch):
 
 def h3_vae_state_dicts(h3_vae):
     """(int8 ConvRot state dict as the int8 VAE file stores it, the same VAE with those weights dequantized)."""
-    from comfy.quant_ops import QuantizedTensor
-
     model = h3_vae.MiniMaxH3VideoVAE()
     generator = torch.Generator().manual_seed(0)
     dense = {}
@@ -57,16 +54,9 @@ def h3_vae_state_dicts(h3_vae):
             fan_in = tensor[0].numel() if tensor.dim() > 1 else 1
             value = torch.randn(tensor.shape, generator=generator) / fan_in ** 0.5
         dense[name] = value.float()
-    quantized, dequantized = dict(dense), dict(dense)
     int8_layers = [name for name, module in model.named_modules()
                    if name.startswith("decoder.transformer_blocks.") and isinstance(module, torch.nn.Linear)]
-    for name in int8_layers:
-        weight = QuantizedTensor.from_float(dense[f"{name}.weight"], "TensorWiseINT8Layout", per_channel=True,
-                                            convrot=True, convrot_groupsize=256)
-        quantized[f"{name}.weight"], quantized[f"{name}.weight_scale"] = weight._qdata, weight._params.scale
-        quantized[f"{name}.comfy_quant"] = torch.tensor(list(json.dumps(CONVROT).encode()), dtype=torch.uint8)
-        dequantized[f"{name}.weight"] = weight.dequantize().float()
-    return quantized, dequantized, int8_layers
+    return (*synthetic_models.int8_convrot(model, dense, int8_layers), int8_layers)
 
 
 @pytest.fixture

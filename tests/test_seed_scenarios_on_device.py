@@ -29,8 +29,11 @@ import torch
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
-from comfyui_server import SimulatedDevice
+from comfyui_server import SIMULATED_DEVICE, SimulatedDevice
 from seed_scenarios import budgets, fix_state, hook_counts, named, record, run, workflows
+
+sys.path.append(str(SIMULATED_DEVICE))
+from simulated_accelerator import MPS_INT_MM_ERROR
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
@@ -38,6 +41,10 @@ MIXED = "Expected all tensors to be on the same device, but found at least two d
 
 
 REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
+
+
+def slug(core: str) -> str:
+    return core.replace("/", "_").replace(" ", "_").replace(".", "")
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +61,10 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, device_servers, h3_ref
     pack_workflow, stock_workflow = workflows(scenario.workflow)
     reference = h3_reference
     device = SimulatedDevice(total_mb=budgets(scenario)["full"])
-    slug = core.replace("/", "_").replace(" ", "_").replace(".", "")
     fix, model = scenario.fix.split("@")
     for budget, total_mb in budgets(scenario).items():
-        stock = run(device_servers(core, False, device), stock_workflow, f"{slug}_stock_{budget}", total_mb)
-        pack = run(device_servers(core, True, device), pack_workflow, f"{slug}_pack_{budget}", total_mb)
+        stock = run(device_servers(core, False, device), stock_workflow, f"{slug(core)}_stock_{budget}", total_mb)
+        pack = run(device_servers(core, True, device), pack_workflow, f"{slug(core)}_pack_{budget}", total_mb)
         stock_diff = record(scenario.name, core, budget, "stock (server without the pack)", stock, reference["tensors"])
         pack_diff = record(scenario.name, core, budget, "pack", pack, reference["tensors"])
         assert pack["error"] is None, pack["error"]
@@ -73,6 +79,42 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, device_servers, h3_ref
     startup_status = fix_state(device_servers(core, True, device)[2], fix)
     print(f"{core}: {fix} ({model}): {startup_status}")
     assert startup_status == ("fixed upstream" if core == "fixed VAE" else "needed")
+
+
+@pytest.fixture(scope="module")
+def h3_int8_reference(device_servers, device_int8_models):
+    """The all-CPU (``--cpu``) run of the seed 004 graph with the dense (dequantized) copies of the int8 models."""
+    reference = run(device_servers("0.33.0", True, None, device_int8_models[1]), workflows()[0], "int8_cpu_reference")
+    assert reference["error"] is None, reference["error"]
+    return reference
+
+
+@pytest.mark.parametrize("core", named("seed 004 H3 int8 without _int_mm").cores)
+def test_seed_004_h3_int8_without_int_mm(core, device_servers, device_int8_models, h3_int8_reference):
+    """The H3 graph with the int8 ConvRot DiT and video VAE on a device without ``torch._int_mm`` (MPS): the stock
+    loaders stop where the core hands an int8 layer to ``_int_mm`` (0.33.0: the DiT's first step; "fixed int8":
+    VAE Decode, since nothing marks the VAE's layers), the pack's run equals the CPU's with the dequantized weights."""
+    scenario = named("seed 004 H3 int8 without _int_mm")
+    pack_workflow, stock_workflow = workflows(scenario.workflow)
+    device = SimulatedDevice(total_mb=budgets(scenario)["full"], int_mm=scenario.int_mm)
+    int8_models = device_int8_models[0]
+    failing_node = "SamplerCustomAdvanced" if core == "0.33.0" else "VAEDecode"
+    fix, _ = scenario.fix.split("@")
+    for budget, total_mb in budgets(scenario).items():
+        stock = run(device_servers(core, False, device, int8_models), stock_workflow,
+                    f"int8_{slug(core)}_stock_{budget}", total_mb)
+        pack = run(device_servers(core, True, device, int8_models), pack_workflow,
+                   f"int8_{slug(core)}_pack_{budget}", total_mb)
+        record(scenario.name, core, budget, "stock (server without the pack)", stock, h3_int8_reference["tensors"])
+        pack_diff = record(scenario.name, core, budget, "pack", pack, h3_int8_reference["tensors"])
+        assert stock["error"].startswith(f"{failing_node}: {MPS_INT_MM_ERROR}"), stock["error"]
+        assert pack["error"] is None, pack["error"]
+        assert pack_diff <= 1e-4
+        hooks = hook_counts(pack["fix_lines"])
+        assert hooks.get(scenario.fix, 0) > 0, hooks
+        if budget == "partial":
+            assert any("partial" in load for load in pack["loads"]), pack["loads"]
+    assert fix_state(device_servers(core, True, device, int8_models)[2], fix) == "needed"
 
 
 def test_multi_device_h3_on_npu1(device_servers, h3_reference):

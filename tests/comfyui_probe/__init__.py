@@ -1,7 +1,8 @@
 """Test-only ComfyUI custom node, placed in a temporary ComfyUI's custom_nodes by the workflow run tests.
 
 * Makes ComfyUI build the tiny configurations the synthetic model files were written for
-  (``synthetic_models.TINY_CONFIGS``: ComfyUI hard-codes those models' sizes) before any loader builds a model.
+  (``synthetic_models.TINY_CONFIGS``, with the changes of the models folder's ``TINY_CONFIGS_FILE``: ComfyUI
+  hard-codes those models' sizes) before any loader builds a model.
 * ``TestProbeSaveTensors`` writes the tensors of its inputs to the output folder, so that a test compares runs
   bit for bit rather than through lossy encoders.
 """
@@ -18,7 +19,7 @@ _spec = importlib.util.spec_from_file_location(
     "minimax_hotfix_test_synthetic_models", Path(__file__).resolve().parents[1] / "synthetic_models.py")
 synthetic_models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synthetic_models)
-for _patcher in synthetic_models.tiny_config_patches():
+for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):
     _patcher.start()
 
 class TestProbeSaveTensors:
