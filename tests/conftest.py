@@ -133,7 +133,8 @@ def device_servers(device_models, tmp_path_factory):
                 started = time.monotonic()
                 url, object_info = stack.enter_context(comfyui_with_pack(
                     cores[core], base, HERE / "comfyui_probe", options=("--cache-none",), device=device, pack=pack))
-                print(f"\nserver {core!r} pack={pack} device={device} models={models.name} ready in {time.monotonic() - started:.1f} s")
+                print(f"\nserver {core!r} pack={pack} device={device} models={models.name} "
+                      f"ready in {time.monotonic() - started:.1f} s")
                 running[key] = url, object_info, base
             return running[key]
 

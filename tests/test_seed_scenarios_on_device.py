@@ -6,10 +6,11 @@ graph.
 
 Budgets: ComfyUI keeps ``minimum_inference_memory()`` free (0.8 GiB plus the 400 MiB reserve: RESERVE_MB) before
 it loads weights, so the device's total is RESERVE_MB plus what may be resident: "full" (every model fits),
-"partial" (part of the video VAE resident), "smallest" (nothing resident: every weight streamed per
-forward, the least that still runs), each scenario's resident MB in tests/seed_scenarios.py, the one list that the GPU
-check (benchmarks/gpu_check.py) runs too. One server per core and loaders serves all three budgets: the total is changed
-through the device's ``/simulated_device`` route and the models unloaded through ``/free`` between prompts.
+"partial" (part of the video VAE resident; seed 004: part of the int8 DiT and of the int8 video VAE), "smallest"
+(nothing resident: every weight streamed per forward, the least that still runs), each scenario's resident MB in
+tests/seed_scenarios.py, the one list that the GPU check (benchmarks/gpu_check.py) runs too. One server per core
+and loaders serves all three budgets: the total is changed through the device's ``/simulated_device`` route and the
+models unloaded through ``/free`` between prompts.
 
 Red controls run in a server *without* the pack (stock loaders: tools/swap_loaders.py --reverse output): in a
 server with the pack, the process-wide ``ck_rope_device`` fix rescues a stock VAE too.
@@ -38,6 +39,7 @@ from simulated_accelerator import MPS_INT_MM_ERROR
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
 MIXED = "Expected all tensors to be on the same device, but found at least two devices"
+H3_DIT = "MiniMaxH3"  # ComfyUI's model class of the H3 DiT, as the fixes' log lines name it
 
 
 REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
@@ -112,6 +114,8 @@ def test_seed_004_h3_int8_without_int_mm(core, device_servers, device_int8_model
         assert pack_diff <= 1e-4
         hooks = hook_counts(pack["fix_lines"])
         assert hooks.get(scenario.fix, 0) > 0, hooks
+        # the DiT's layers (fc2 through linear_input_act) need it only where the core does not dequantize them
+        assert (hooks.get(f"{fix}@{H3_DIT}", 0) > 0) is (core == "0.33.0"), hooks
         if budget == "partial":
             assert any("partial" in load for load in pack["loads"]), pack["loads"]
     assert fix_state(device_servers(core, True, device, int8_models)[2], fix) == "needed"
