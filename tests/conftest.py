@@ -127,6 +127,19 @@ def device_servers(device_models, tmp_path_factory):
         yield server
 
 
+END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time, for the tests that use device_servers
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import time
+
+    started = time.monotonic()
+    yield
+    if "device_servers" in getattr(item, "fixturenames", ()):
+        END_TO_END_SECONDS[item.nodeid] = time.monotonic() - started
+
+
 def pytest_configure(config):
     import nested_pytest
 
@@ -134,7 +147,8 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The seed this run shuffled the tests with, the seed scenario table if this run made one, the simulated cores
+    """The seed this run shuffled the tests with, the seed scenario table if this run made one (and the wall time of
+    the end-to-end device tests), the simulated cores
     it built (with their overlays and stand-ins), and the paths through each fix's code whose random state was
     checked (tests/test_random_state.py)."""
     import scenario_table
@@ -148,6 +162,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("seed scenarios on the simulated accelerator")
         for line in scenario_table.lines():
             terminalreporter.write_line(line)
+    if END_TO_END_SECONDS:
+        terminalreporter.write_line(f"end-to-end runs on the simulated accelerator: {len(END_TO_END_SECONDS)} tests, "
+                                    f"{sum(END_TO_END_SECONDS.values()):.0f} s (server starts included)")
     if simulated_cores.BUILT:
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:

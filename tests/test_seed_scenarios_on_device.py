@@ -14,8 +14,9 @@ through the device's ``/simulated_device`` route and the models unloaded through
 Red controls run in a server *without* the pack (stock loaders: tools/swap_loaders.py --reverse output): in a
 server with the pack, the process-wide ``ck_rope_device`` fix rescues a stock VAE too.
 
-The H3 audio output is reported, not compared: the synthetic audio VAE is ill-conditioned (a 4e-6 change of its
-latent moves its output by 0.015 on the CPU alone), so the sampled latent's last-bit differences are amplified.
+The H3 audio decoded from the sampled latent is not compared: the synthetic audio VAE is ill-conditioned (a 4e-6
+change of its latent moves its output by 0.015 on the CPU alone), so the sampled latent's last-bit differences are
+amplified. The audio VAE is compared on a fixed latent instead (``TestProbeFixedLatent``, the probe ``fixed``).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def fix_log_lines(base: Path, start: int) -> list[str]:
 
 def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
     """The workflow as the frontend queues it with a tiny canvas (H3_CANVAS), H3_STEPS steps; probe nodes save the
-    conditioning (the text encoder's hidden states), the sampler's latent and the decoded frames and audio."""
+    conditioning (the text encoder's hidden states), the sampler's latent and the decoded frames and audio, and the
+    audio VAE's decode of a fixed latent (the comparable audio output)."""
     prompt = ui_to_api(workflow, object_info)
     (conditioning,) = [key for key, node in prompt.items() if node["class_type"] in H3_CONDITIONING]
     prompt[conditioning]["inputs"].update(H3_CANVAS)
@@ -72,4 +73,11 @@ def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
         "filename": f"{tag}_sampled", "conditioning": [conditioning, 0],
         "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0],
         "images": [node_id(prompt, "VAEDecode"), 0], "audio": [node_id(prompt, "VAEDecodeAudio"), 0]}}
+    audio_vae = prompt[node_id(prompt, "VAEDecodeAudio")]["inputs"]["vae"]
+    prompt["probe_fixed_latent"] = {"class_type": "TestProbeFixedLatent", "inputs": {
+        "latent": [node_id(prompt, "SamplerCustomAdvanced"), 0]}}
+    prompt["probe_fixed_audio"] = {"class_type": "VAEDecodeAudio", "inputs": {
+        "samples": ["probe_fixed_latent", 0], "vae": audio_vae}}
+    prompt["probe_fixed"] = {"class_type": "TestProbeSaveTensors", "inputs": {
+        "filename": f"{tag}_fixed", "audio": ["probe_fixed_audio", 0]}}
     return prompt
