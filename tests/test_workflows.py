@@ -1,8 +1,9 @@
 """The bundled example workflows (workflows/*.json) are sound ComfyUI workflows.
 
 Without ComfyUI (CI): every node type exists and every widget value fits its input, checked against
-tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows use
-(interfaces only). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
+tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows (and
+the official templates that tests/test_official_templates_on_device.py runs) use (interfaces only); subgraphs are
+lowered as the frontend queues them (one template's and a nested case checked). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
 compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists and serves the workflows at
 /workflow_templates, and each workflow, converted to API format, passes /prompt validation except for the model
 files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined here
