@@ -89,24 +89,33 @@ def fresh_detection(monkeypatch):
 
 @pytest.fixture(scope="session")
 def device_models(tmp_path_factory, comfyui):
-    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below."""
+    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below; they
+    carry the official templates' file names, and each LoRA a template names is there as a LoRA without weights."""
     import synthetic_models
+    from workflow_prompts import official_template_inputs
 
     folder = tmp_path_factory.mktemp("device_models")
-    synthetic_models.write_models(folder)
+    written = synthetic_models.write_models(folder)
+    models, _ = official_template_inputs()
+    for kind, name in models:
+        if kind == "loras" and name not in written:
+            synthetic_models.write_empty_lora(folder / kind / name)
     return folder
 
 
 @pytest.fixture(scope="session")
 def device_servers(device_models, tmp_path_factory):
     """``server(core, pack, device)``: (url, object_info, base) of a running ComfyUI on a simulated core
-    (tests/simulated_cores.py) serving ``device_models``, the probe node installed, started once per key and shared
-    by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py and the template runs)."""
+    (tests/simulated_cores.py) serving ``device_models`` and the official templates' input images (small stand-ins in
+    the core's input folder), the probe node installed, started once per key and shared by every end-to-end device
+    test of the session (tests/test_seed_scenarios_on_device.py, tests/test_official_templates_on_device.py)."""
     import contextlib
     import time
 
     import simulated_cores
+    import synthetic_models
     from comfyui_server import SimulatedDevice, comfyui_with_pack
+    from workflow_prompts import official_template_inputs
 
     cores, running = {}, {}
     with contextlib.ExitStack() as stack:
@@ -115,6 +124,8 @@ def device_servers(device_models, tmp_path_factory):
             if key not in running:
                 if core not in cores:
                     cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
+                    for name in official_template_inputs()[1]:
+                        synthetic_models.write_input_image(cores[core] / "input" / name)
                 base = tmp_path_factory.mktemp("server")
                 (base / "models").symlink_to(device_models, target_is_directory=True)
                 started = time.monotonic()

@@ -31,14 +31,9 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
 from comfyui_server import SimulatedDevice
-from seed_scenarios import budgets, fix_state, hook_counts, named, record, run, workflows
+from seed_scenarios import MIXED, REFERENCE_CORE, budgets, fix_state, hook_counts, named, record, run, workflows
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
-
-MIXED = "Expected all tensors to be on the same device, but found at least two devices"
-
-
-REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
 
 
 @pytest.fixture(scope="module")
