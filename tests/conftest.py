@@ -89,11 +89,17 @@ def fresh_detection(monkeypatch):
 
 @pytest.fixture(scope="session")
 def device_models(tmp_path_factory, comfyui):
-    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below."""
+    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below; they
+    carry the official templates' file names, and each LoRA a template names is there as a LoRA without weights."""
     import synthetic_models
+    from workflow_prompts import official_template_inputs
 
     folder = tmp_path_factory.mktemp("device_models")
-    synthetic_models.write_models(folder)
+    written = synthetic_models.write_models(folder)
+    models, _ = official_template_inputs()
+    for kind, name in models:
+        if kind == "loras" and name not in written:
+            synthetic_models.write_empty_lora(folder / kind / name)
     return folder
 
 
@@ -111,14 +117,17 @@ def device_int8_models(tmp_path_factory, comfyui):
 @pytest.fixture(scope="session")
 def device_servers(device_models, tmp_path_factory):
     """``server(core, pack, device, models=None)``: (url, object_info, base) of a running ComfyUI on a simulated core
-    (tests/simulated_cores.py) serving the models folder ``models`` (default ``device_models``), the probe node
-    installed, started once per key and shared by every end-to-end device test of the session
-    (tests/test_seed_scenarios_on_device.py and the template runs)."""
+    (tests/simulated_cores.py) serving the models folder ``models`` (default ``device_models``) and the official
+    templates' input images (small stand-ins in the core's input folder), the probe node installed, started once per
+    key and shared by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py,
+    tests/test_official_templates_on_device.py)."""
     import contextlib
     import time
 
     import simulated_cores
+    import synthetic_models
     from comfyui_server import SimulatedDevice, comfyui_with_pack
+    from workflow_prompts import official_template_inputs
 
     cores, running = {}, {}
     with contextlib.ExitStack() as stack:
@@ -128,6 +137,8 @@ def device_servers(device_models, tmp_path_factory):
             if key not in running:
                 if core not in cores:
                     cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
+                    for name in official_template_inputs()[1]:
+                        synthetic_models.write_input_image(cores[core] / "input" / name)
                 base = tmp_path_factory.mktemp("server")
                 (base / "models").symlink_to(models, target_is_directory=True)
                 started = time.monotonic()
@@ -141,6 +152,19 @@ def device_servers(device_models, tmp_path_factory):
         yield server
 
 
+END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time, for the tests that use device_servers
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    import time
+
+    started = time.monotonic()
+    yield
+    if "device_servers" in getattr(item, "fixturenames", ()):
+        END_TO_END_SECONDS[item.nodeid] = time.monotonic() - started
+
+
 def pytest_configure(config):
     import nested_pytest
 
@@ -148,7 +172,8 @@ def pytest_configure(config):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The seed this run shuffled the tests with, the seed scenario table if this run made one, the simulated cores
+    """The seed this run shuffled the tests with, the seed scenario table if this run made one (and the wall time of
+    the end-to-end device tests), the simulated cores
     it built (with their overlays and stand-ins), and the paths through each fix's code whose random state was
     checked (tests/test_random_state.py)."""
     import scenario_table
@@ -162,6 +187,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("seed scenarios on the simulated accelerator")
         for line in scenario_table.lines():
             terminalreporter.write_line(line)
+    if END_TO_END_SECONDS:
+        terminalreporter.write_line(f"end-to-end runs on the simulated accelerator: {len(END_TO_END_SECONDS)} tests, "
+                                    f"{sum(END_TO_END_SECONDS.values()):.0f} s (server starts included)")
     if simulated_cores.BUILT:
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:

@@ -263,6 +263,22 @@ def write_int8_models(int8_dir: Path, dense_dir: Path) -> None:
             save_model(models_dir, folder, name, state)
 
 
+def write_empty_lora(path: Path) -> None:
+    """A LoRA without weights under a template's LoRA name: the templates' turbo LoRA sits behind a switch that is
+    off, so ComfyUI only checks that the file exists."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({}, str(path))
+
+
+def write_input_image(path: Path, side: int = 64) -> None:
+    """A small random RGB picture (fixed seed) standing in for a template's input image."""
+    from PIL import Image
+
+    pixels = torch.randint(0, 256, (side, side, 3), generator=torch.Generator().manual_seed(SEED), dtype=torch.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels.numpy()).save(path)
+
+
 
 def save_gguf(state: dict, path: Path) -> None:
     """``state`` as a GGUF file with ComfyUI's tensor names (as ComfyUI-GGUF stores diffusion models and VAEs);

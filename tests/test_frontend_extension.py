@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import time
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ import swap_loaders
 from cdp import Page, chromium_binary
 from comfyui_server import PACK_ROOT, comfyui_with_pack, http
 from user_workflows import music3_checkpoint, music3_gguf
-from workflow_api import MODEL_FILE_INPUTS
+from workflow_api import MODEL_FILE_INPUTS, TEMPLATES, official_template
 
 APP = "window.comfyAPI.app.app"
 FIX = f"{APP}.extensionManager.command.execute('MiniMaxHotfix.FixWorkflow')"
@@ -45,11 +44,10 @@ def _bundled_stock(stem: str) -> dict:
 
 def _official_minimax_templates() -> list[tuple[str, dict]]:
     """The templates that ComfyUI's template index lists with MiniMax in their entry (21 in 0.33.0's package)."""
-    folder = resources.files("comfyui_workflow_templates_json") / "templates"
-    index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+    index = json.loads((TEMPLATES / "index.json").read_text(encoding="utf-8"))
     names = sorted({entry["name"] for category in index for entry in category.get("templates", [])
                     if "minimax" in json.dumps(entry).lower()})
-    return [(f"template {name}", json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))) for name in names]
+    return [(f"template {name}", official_template(name)) for name in names]
 
 
 BUNDLED = sorted(path.stem for path in (PACK_ROOT / "workflows").glob("*.json"))

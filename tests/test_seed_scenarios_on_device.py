@@ -15,8 +15,9 @@ models unloaded through ``/free`` between prompts.
 Red controls run in a server *without* the pack (stock loaders: tools/swap_loaders.py --reverse output): in a
 server with the pack, the process-wide ``ck_rope_device`` fix rescues a stock VAE too.
 
-The H3 audio output is reported, not compared: the synthetic audio VAE is ill-conditioned (a 4e-6 change of its
-latent moves its output by 0.015 on the CPU alone), so the sampled latent's last-bit differences are amplified.
+The H3 audio decoded from the sampled latent is not compared: the synthetic audio VAE is ill-conditioned (a 4e-6
+change of its latent moves its output by 0.015 on the CPU alone), so the sampled latent's last-bit differences are
+amplified. The audio VAE is compared on a fixed latent instead (``TestProbeFixedLatent``, the probe ``fixed``).
 """
 
 from __future__ import annotations
@@ -31,18 +32,14 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
 from comfyui_server import SIMULATED_DEVICE, SimulatedDevice
-from seed_scenarios import budgets, fix_state, hook_counts, named, record, run, workflows
+from seed_scenarios import MIXED, REFERENCE_CORE, budgets, fix_state, hook_counts, named, record, run, workflows
 
 sys.path.append(str(SIMULATED_DEVICE))
 from simulated_accelerator import MPS_INT_MM_ERROR
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
-MIXED = "Expected all tensors to be on the same device, but found at least two devices"
 H3_DIT = "MiniMaxH3"  # ComfyUI's model class of the H3 DiT, as the fixes' log lines name it
-
-
-REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
 
 
 def slug(core: str) -> str:

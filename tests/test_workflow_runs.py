@@ -91,7 +91,7 @@ def run_with_pack_and_stock_loaders(server, path: Path, make_prompt, not_run: di
                if not key.startswith("probe")]
         (saved,) = saved_files(entry, base)
         tensors = {f"{key.removeprefix('probe_')}.{name}": tensor for key, node in prompt.items()
-                   if key.startswith("probe")
+                   if node["class_type"] == "TestProbeSaveTensors"
                    for name, tensor in load_file(base / "output" / f"{node['inputs']['filename']}.safetensors").items()}
         lines = fix_log_lines(base, log_start)
         print(f"\n{path.name} [{tag} loaders]: {len(ran)}/{total} nodes executed in {wall:.1f} s: {ran}")

@@ -1,8 +1,9 @@
 """The bundled example workflows (workflows/*.json) are sound ComfyUI workflows.
 
 Without ComfyUI (CI): every node type exists and every widget value fits its input, checked against
-tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows use
-(interfaces only). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
+tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows (and
+the official templates that tests/test_official_templates_on_device.py runs) use (interfaces only); subgraphs are
+lowered as the frontend queues them (one template's and a nested case checked). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
 compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists and serves the workflows at
 /workflow_templates, and each workflow, converted to API format, passes /prompt validation except for the model
 files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined here
@@ -29,7 +30,15 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
-from workflow_api import FOLDER_LISTED_INPUTS, FRONTEND_ONLY, MODEL_FILE_INPUTS, load, ui_to_api  # noqa: E402
+from workflow_api import (  # noqa: E402
+    FOLDER_LISTED_INPUTS,
+    FRONTEND_ONLY,
+    MODEL_FILE_INPUTS,
+    OFFICIAL_TEMPLATES,
+    load,
+    official_template,
+    ui_to_api,
+)
 from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
@@ -154,6 +163,49 @@ def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
     assert json.dumps(stock) == json.dumps(workflow)
 
 
+def test_subgraphs_are_lowered_as_the_frontend_queues_them(snapshot_specs):
+    """The H3 image-to-video template: the nodes of its subgraph instance (105) become "105:id", links through the
+    subgraph's input node reach the outer producers or the instance's widget values, links through its output node
+    the inner producer; an unlinked image input is left out, notes are dropped."""
+    workflow = official_template(OFFICIAL_TEMPLATES["H3 image-to-video"])
+    (instance,) = [node for node in workflow["nodes"] if node["id"] == 105]
+    prompt = ui_to_api(workflow, snapshot_specs)
+    assert "105" not in prompt and {node["class_type"] for node in prompt.values()}.isdisjoint(FRONTEND_ONLY)
+    conditioning = prompt["105:104"]
+    assert conditioning["class_type"] == "MiniMaxH3ImageToVideo"
+    assert conditioning["inputs"]["first_frame"] == ["114", 0] and conditioning["inputs"]["width"] == ["115", 0]
+    assert "last_frame" not in conditioning["inputs"]
+    named = instance["widgets_values_named"]  # the template package's own record of the instance's widgets
+    assert conditioning["inputs"]["prompt"] == named["prompt"]  # the instance's, not the inner node's own value
+    assert named["prompt"] != next(node for node in swap_loaders.ui_nodes(workflow) if node["id"] == 104)[
+        "widgets_values"][0]
+    assert prompt["105:15"]["inputs"]["noise_seed"] == named["noise_seed"]
+    assert prompt["105:11"]["inputs"]["vae_name"] == named["vae_name"]
+    assert prompt["92"]["inputs"]["video"] == ["105:91", 0]
+    assert prompt["105:23"]["inputs"]["vae"] == ["105:24", 0]
+
+
+def test_nested_subgraphs_are_lowered_with_their_instance_path(snapshot_specs):
+    """Subgraph "outer" holds an instance (2) of subgraph "inner", which holds a PrimitiveInt (3) whose value is
+    promoted twice: the node is "1:2:3" and takes the outermost instance's widget value."""
+    def subgraph(name, node):
+        link = {"id": 10, "origin_id": -10, "origin_slot": 0, "target_id": node["id"], "target_slot": 0, "type": "INT"}
+        out = {"id": 11, "origin_id": node["id"], "origin_slot": 0, "target_id": -20, "target_slot": 0, "type": "INT"}
+        return {"id": name, "nodes": [node], "links": [link, out],
+                "inputs": [{"name": "value", "type": "INT", "linkIds": [10]}],
+                "outputs": [{"name": "INT", "type": "INT", "linkIds": [11]}]}
+
+    def holding(node_id, node_type, widgets_values):
+        return {"id": node_id, "type": node_type, "widgets_values": widgets_values,
+                "inputs": [{"name": "value", "type": "INT", "widget": {"name": "value"}, "link": 10}]}
+
+    workflow = {"nodes": [{"id": 1, "type": "outer", "widgets_values": [7]}], "links": [],
+                "definitions": {"subgraphs": [subgraph("outer", holding(2, "inner", [5])),
+                                              subgraph("inner", holding(3, "PrimitiveInt", [1, "fixed"]))]}}
+    assert ui_to_api(workflow, snapshot_specs) == {
+        "1:2:3": {"class_type": "PrimitiveInt", "inputs": {"value": 7}, "_meta": {"title": "PrimitiveInt"}}}
+
+
 # ---- with a live ComfyUI (COMFYUI_PATH) ----
 
 @pytest.fixture(scope="module")
@@ -189,7 +241,9 @@ def _snapshot_entry(spec: dict) -> dict:
 def test_snapshot_matches_live_comfyui(comfy_server):
     _, object_info = comfy_server
     snapshot = load(SPECS_FILE)
-    used = sorted({node["type"] for path in WORKFLOWS for node in load(path)["nodes"]} - FRONTEND_ONLY)
+    documents = [load(path) for path in WORKFLOWS] + [official_template(stem) for stem in OFFICIAL_TEMPLATES.values()]
+    subgraphs = {subgraph["id"] for doc in documents for subgraph in (doc.get("definitions") or {}).get("subgraphs", [])}
+    used = sorted({node["type"] for doc in documents for node in swap_loaders.ui_nodes(doc)} - FRONTEND_ONLY - subgraphs)
     if os.environ.get("MINIMAX_HOTFIX_UPDATE_SPECS") == "1":
         snapshot["nodes"] = {name: _snapshot_entry(object_info[name]) if name in object_info
                              else snapshot["nodes"][name] for name in used}

@@ -17,7 +17,6 @@ import json
 import os
 import sys
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders
 from user_workflows import music3_checkpoint, music3_gguf
-from workflow_api import load, ui_to_api
+from workflow_api import TEMPLATES, load, ui_to_api
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -47,7 +46,6 @@ def examples(count: int) -> int:
     return count * (10 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1)
 
 
-TEMPLATES = resources.files("comfyui_workflow_templates_json") / "templates"
 MINIMAX_NODE_PREFIXES = ("MiniMaxH3", "EmptyMiniMax", "MiniMaxMusic3")
 BUNDLED = sorted((PACK_ROOT / "workflows").glob("*.json"))
 

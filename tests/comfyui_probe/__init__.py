@@ -5,6 +5,9 @@
   hard-codes those models' sizes) before any loader builds a model.
 * ``TestProbeSaveTensors`` writes the tensors of its inputs to the output folder, so that a test compares runs
   bit for bit rather than through lossy encoders.
+* ``TestProbeFixedLatent`` gives a latent of the input's shape (the last part of a nested one: MiniMax H3's audio)
+  with fixed values, so that a decoder is compared on the same input on every device: the synthetic H3 audio VAE
+  amplifies the sampled latent's last-bit differences far beyond any tolerance.
 """
 
 import importlib.util
@@ -57,4 +60,19 @@ class TestProbeSaveTensors:
         return {"ui": {"probe": [{"filename": os.path.basename(path)}]}}
 
 
-NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors}
+class TestProbeFixedLatent:
+    CATEGORY = "testing"
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "fixed"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"latent": ("LATENT",)}}
+
+    def fixed(self, latent):
+        samples = latent["samples"]
+        shape = (samples.unbind()[-1] if samples.is_nested else samples).shape
+        return ({"samples": torch.randn(shape, generator=torch.Generator().manual_seed(0))},)
+
+
+NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}
