@@ -4,6 +4,8 @@ models, output), stopped however the test ends."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import json
 import os
 import socket
@@ -26,6 +28,18 @@ SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
 SIMULATED_DEVICE_OPTIONS = ("--disable-pinned-memory", "--force-fp32", "--fp32-vae")
 
 
+@functools.cache
+def simulated_accelerator_module():
+    """tests/simulated_device/simulated_accelerator.py (its names and settings), loaded from its file: that folder
+    must stay off this process's ``sys.path``, where its stand-in ``torch_npu`` package would make ComfyUI and
+    transformers, imported later by other tests, take this process for an Ascend machine and install the device."""
+    spec = importlib.util.spec_from_file_location("minimax_hotfix_test_simulated_accelerator",
+                                                  SIMULATED_DEVICE / "simulated_accelerator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @dataclass(frozen=True)
 class SimulatedDevice:
     """Start the server on the simulated accelerator (tests/simulated_device) instead of ``--cpu``: ComfyUI adopts
@@ -42,10 +56,7 @@ class SimulatedDevice:
         return tuple(option for option in SIMULATED_DEVICE_OPTIONS if self.force_fp32 or option != "--force-fp32")
 
     def environment(self) -> dict:
-        if str(SIMULATED_DEVICE) not in sys.path:
-            sys.path.append(str(SIMULATED_DEVICE))
-        import simulated_accelerator
-
+        simulated_accelerator = simulated_accelerator_module()
         path = os.pathsep.join(filter(None, (str(SIMULATED_DEVICE), os.environ.get("PYTHONPATH"))))
         return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",

@@ -31,11 +31,10 @@ import torch
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
-from comfyui_server import SIMULATED_DEVICE, SimulatedDevice
+from comfyui_server import SimulatedDevice, simulated_accelerator_module
 from seed_scenarios import MIXED, REFERENCE_CORE, budgets, fix_state, hook_counts, named, record, run, workflows
 
-sys.path.append(str(SIMULATED_DEVICE))
-from simulated_accelerator import MPS_INT_MM_ERROR
+MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
