@@ -152,17 +152,20 @@ def device_servers(device_models, tmp_path_factory):
         yield server
 
 
-END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time, for the tests that use device_servers
+END_TO_END_TESTS: set[str] = set()  # the tests that use device_servers
+END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time of its setup, call and teardown
+END_TO_END_RAN: set[str] = set()  # those that got to their call (not skipped)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    import time
+def pytest_collection_modifyitems(items):
+    END_TO_END_TESTS.update(item.nodeid for item in items if "device_servers" in getattr(item, "fixturenames", ()))
 
-    started = time.monotonic()
-    yield
-    if "device_servers" in getattr(item, "fixturenames", ()):
-        END_TO_END_SECONDS[item.nodeid] = time.monotonic() - started
+
+def pytest_runtest_logreport(report):
+    if report.nodeid in END_TO_END_TESTS:
+        END_TO_END_SECONDS[report.nodeid] = END_TO_END_SECONDS.get(report.nodeid, 0.0) + report.duration
+        if report.when == "call":
+            END_TO_END_RAN.add(report.nodeid)
 
 
 def pytest_configure(config):
@@ -187,9 +190,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("seed scenarios on the simulated accelerator")
         for line in scenario_table.lines():
             terminalreporter.write_line(line)
-    if END_TO_END_SECONDS:
-        terminalreporter.write_line(f"end-to-end runs on the simulated accelerator: {len(END_TO_END_SECONDS)} tests, "
-                                    f"{sum(END_TO_END_SECONDS.values()):.0f} s (server starts included)")
+    if END_TO_END_RAN:
+        seconds = sum(END_TO_END_SECONDS[nodeid] for nodeid in END_TO_END_RAN)
+        terminalreporter.write_line(f"end-to-end runs on the simulated accelerator: {len(END_TO_END_RAN)} tests, "
+                                    f"{seconds:.0f} s (server starts included)")
     if simulated_cores.BUILT:
         terminalreporter.section("simulated cores")
         for name in simulated_cores.BUILT:
