@@ -13,7 +13,10 @@ OFFICIAL_TEMPLATES = {"H3 text-to-video": "video_minimax_h3_t2v", "H3 image-to-v
                       "H3 reference-to-video": "video_minimax_h3_r2v",
                       "H3 continuation": "video_minimax_h3_i2v_continuation", "Music 3": "audio_minimax_music_3"}
 FRONTEND_ONLY = {"MarkdownNote", "Note"}  # drawn by the frontend, never sent to the server
-MODEL_FILE_INPUTS = {"unet_name", "clip_name", "vae_name", "ckpt_name", "lora_name"}
+# a model file widget -> the ComfyUI models folder its options come from
+MODEL_FOLDERS = {"unet_name": "diffusion_models", "clip_name": "text_encoders", "vae_name": "vae",
+                 "ckpt_name": "checkpoints", "lora_name": "loras"}
+MODEL_FILE_INPUTS = set(MODEL_FOLDERS)
 FOLDER_LISTED_INPUTS = MODEL_FILE_INPUTS | {"image"}  # options depend on the files of the ComfyUI at hand
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 DYNAMIC_COMBO = "COMFY_DYNAMICCOMBO_V3"

@@ -5,6 +5,7 @@ tests/test_h3_vision_tower_on_device.py, tests/test_official_templates_on_device
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
-from workflow_api import OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
+from workflow_api import MODEL_FOLDERS, OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
 
 MUSIC3 = PACK_ROOT / "workflows" / "minimax_music3.json"
 MUSIC3_SECONDS = 0.2  # 5 AR frames: the widget values a user would lower for a short clip
@@ -21,7 +22,6 @@ MUSIC3_NOT_RUN = {"UNETLoader": "the 2.46 B parameter Music 3 DiT is hard-coded 
 H3_CONDITIONING = {"MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo"}
 H3_CANVAS = {"width": 64, "height": 64, "length": 5}  # 5 frames, the smallest of the 17k+5 grid: latent 24x2x4x4
 H3_STEPS = 2
-MODEL_FOLDERS = {"unet_name": "diffusion_models", "clip_name": "text_encoders", "vae_name": "vae", "lora_name": "loras"}
 FIX_LOG = re.compile(r"MiniMax Hotfix: (\w+) (attached to \w+ .*|hooked \d+ module\(s\) of \w+.*)$")
 
 
@@ -95,11 +95,12 @@ def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
     return prompt
 
 
-def official_template_inputs() -> tuple[set[tuple[str, str]], set[str]]:
+@functools.cache  # read once per run: the session fixtures ask for it per models folder and per core
+def official_template_inputs() -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
     """What the official templates (OFFICIAL_TEMPLATES) load: (ComfyUI model folder, file name) of every model file
     and the name of every input image, read from the prompts the frontend would queue."""
     specs = load(Path(__file__).with_name("workflow_node_specs.json"))["nodes"]
     nodes = [node for stem in OFFICIAL_TEMPLATES.values() for node in ui_to_api(official_template(stem), specs).values()]
-    models = {(MODEL_FOLDERS[name], value) for node in nodes for name, value in node["inputs"].items()
-              if name in MODEL_FOLDERS}
-    return models, {node["inputs"]["image"] for node in nodes if node["class_type"] == "LoadImage"}
+    models = frozenset((MODEL_FOLDERS[name], value) for node in nodes for name, value in node["inputs"].items()
+                       if name in MODEL_FOLDERS)
+    return models, frozenset(node["inputs"]["image"] for node in nodes if node["class_type"] == "LoadImage")
