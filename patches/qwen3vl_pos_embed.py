@@ -17,7 +17,8 @@ the bus at most once and no call sends more than stock: an image with at least a
 makes the whole table resident (one cast through the tower's own ``pos_embed`` op, LoRA/lowvram patches included)
 and every later call interpolates there moving nothing; a smaller image, while no table is resident, keeps the stock
 result for its size on the device (stock's bytes, once per size). Kept across ComfyUI's eject/inject around each
-load; rebuilt when the weight or its patches change; freed when ComfyUI unloads the model (a detach callback).
+load and the detach without unpatching that precedes every reload; rebuilt when the weight or its patches change;
+freed when ComfyUI unloads the model (a detach callback that unpatches).
 Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860). Same anti-pattern:
 verl-project/verl#5571, invoke-ai/InvokeAI#9373.
 Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any text encoder holding that tower.
@@ -118,7 +119,13 @@ def hook_towers(model: torch.nn.Module) -> list:
 
 
 def _on_detach(patcher, unpatch_all=True) -> None:
-    drop_resident_tables(patcher.model)
+    # ComfyUI frees a model's device memory through detach(unpatch_all=True) (model_unload). It also detaches with
+    # unpatch_all=False, leaving the weights where they are: load_models_gpu pops and detaches a loaded model (and
+    # its clones) before loading it again, on every prompt; a patcher being garbage-collected detaches too. The
+    # towers and their weights stay, so must the tables (dropping them there resent the whole table on every
+    # prompt); the stamp still guards their values.
+    if unpatch_all:
+        drop_resident_tables(patcher.model)
 
 
 def _on_detach_event():

@@ -14,6 +14,8 @@ is written at its real size (54 M parameters): ComfyUI reads nothing from its sh
 their own, with their dense (dequantized) copies in another: ConvRot rotates groups of 256 input features, wider than
 the tiny models, so those are 256 wide there (``INT8_TINY_DIT``; the decoder's width, which ComfyUI does not read from
 the file, in the folder's ``TINY_CONFIGS_FILE``, which the probe applies over ``TINY_CONFIGS``).
+``write_vision_tower_models`` writes what the H3 reference-to-video conditioning loads into a folder of its own, the
+text encoder with wider MLPs (``VISION_TOWER_TINY_CONFIGS``), so that a budget splits it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ CONVROT_GROUP = 256
 CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": CONVROT_GROUP}
 INT8_TINY_DIT = {**H3_TINY_DIT, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 512}
 INT8_TINY_CONFIGS = {"comfy.ldm.minimax.vae.ViT3DDecoder": {"heads": 8}}  # width 8 x 32
+# ComfyUI reserves an offload buffer of about three times the largest module (the 151936-row vocabulary, cast from
+# bfloat16 to float32) before it keeps any weight of a partially loaded model; the tiny encoder, mostly vocabulary,
+# then loads all or nothing. Wider MLPs (50 layers x 3 x 64 x 3072) make the layers outweigh that buffer, so that a
+# budget between the two splits the encoder.
+VISION_TOWER_TINY_CONFIGS = {"comfy.text_encoders.llama.Qwen3VL_32BConfig": {"intermediate_size": 3072}}
 TINY_CONFIGS_FILE = "tiny_configs.json"  # in a models folder: its models' TINY_CONFIGS changes
 
 
@@ -165,11 +172,12 @@ def h3_dit(generator: torch.Generator) -> dict:
     return random_state_dict(h3_dit_model(), torch.bfloat16, generator)
 
 
-def h3_text_encoder(generator: torch.Generator) -> dict:
-    """The converted checkpoint's layout (``model.*`` language model, ``visual.*`` tower, no lm_head), tiny."""
+def h3_text_encoder(generator: torch.Generator, models_dir: Path | None = None) -> dict:
+    """The converted checkpoint's layout (``model.*`` language model, ``visual.*`` tower, no lm_head), tiny (with
+    the changes of ``models_dir``'s ``TINY_CONFIGS_FILE``)."""
     from comfy.text_encoders import minimax
 
-    with tiny_configs(), torch.device("meta"):
+    with tiny_configs(models_dir), torch.device("meta"):
         model = minimax.MiniMaxH3TEModel(device="meta", dtype=torch.bfloat16)
     return random_state_dict(model.qwen3vl_32b.transformer, torch.bfloat16, generator)
 
@@ -261,6 +269,17 @@ def write_int8_models(int8_dir: Path, dense_dir: Path) -> None:
     for (folder, name), build in pairs.items():
         for models_dir, state in zip((int8_dir, dense_dir), build(), strict=True):
             save_model(models_dir, folder, name, state)
+
+
+def write_vision_tower_models(models_dir: Path) -> None:
+    """What the H3 reference-to-video conditioning loads (text encoder, video and audio VAE), the encoder in its
+    ``VISION_TOWER_TINY_CONFIGS`` widths (the folder's ``TINY_CONFIGS_FILE``), so that a budget splits it."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    (models_dir / TINY_CONFIGS_FILE).write_text(json.dumps(VISION_TOWER_TINY_CONFIGS))
+    generator = torch.Generator().manual_seed(SEED)
+    save_model(models_dir, "text_encoders", H3_TEXT_ENCODER_FILE, h3_text_encoder(generator, models_dir))
+    save_model(models_dir, "vae", H3_VIDEO_VAE_FILE, h3_video_vae(generator))
+    save_model(models_dir, "vae", H3_AUDIO_VAE_FILE, h3_audio_vae(generator))
 
 
 def write_empty_lora(path: Path) -> None:

@@ -150,8 +150,12 @@ def test_unload_frees_the_table_and_a_stock_loader_model_is_untouched():
     assert fix.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
     assert "fast_pos_embed_interpolate" not in vars(stock_holder.visual) and not stock_patcher.get_all_callbacks(
         "on_detach_after")
-    patcher.detach(unpatch_all=False)  # ComfyUI unloading it (weights stay put: meta holds no data to move back)
+    patcher.detach(unpatch_all=False)  # load_models_gpu before every reload: weights stay, and so does the table
+    assert fix.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
+    patcher.unpatch_model = lambda *args, **kwargs: None  # meta holds no data to move back to the CPU
+    patcher.detach(unpatch_all=True)  # ComfyUI unloading it (model_unload)
     assert fix.resident_tables(holder.visual).resident_bytes() == 0  # no memory kept across the unload
+    del patcher.unpatch_model
     patcher.inject_model()
     assert bytes_per_call(holder.visual, large, calls=1) == [TABLE_ROWS * HIDDEN * 4]  # reloaded: fetched again
     pack_registry.detach_fixes(patcher, "clip")

@@ -89,6 +89,7 @@ def test_factories_generators_and_inference_mode(on_device):
         assert torch.equal(half.cpu(), plain.to(torch.float16))
     moved = plain.to(NPU0)
     assert moved.to(NPU0) is moved  # no change: the same tensor, as on CUDA
+    assert moved.tolist() == plain.tolist() and moved[0, 0].item() == plain[0, 0].item()
 
 
 def test_host_to_device_counters(on_device):
@@ -98,9 +99,11 @@ def test_host_to_device_counters(on_device):
     target.copy_(host)
     on_npu.to(NPU1)  # device to device: not host-to-device
     on_npu.cpu()
-    assert device.host_to_device() == {"_to_copy": [1, 4000], "copy_": [1, 4000]}
+    torch.zeros(2, 3, dtype=torch.float16).to(NPU0)
+    assert device.host_to_device() == {"_to_copy": [2, 4012], "copy_": [1, 4000]}
+    assert device.host_to_device_by_shape() == {"1000 float32": [2, 8000], "2x3 float16": [1, 12]}
     device.reset_counters()
-    assert device.host_to_device() == {}
+    assert device.host_to_device() == {} and device.host_to_device_by_shape() == {}
 
 
 def test_memory_accounting_follows_live_tensors(on_device):

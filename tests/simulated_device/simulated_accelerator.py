@@ -11,7 +11,9 @@
   against a total set per test (``set_total_mb``), which ComfyUI's ``get_total_memory`` / ``get_free_memory`` read.
 * ``set_int_mm(False)``: the device has no ``torch._int_mm`` (the MPS error text), decided wherever device work runs
   on unwrapped tensors (a custom op's CPU body calls ``torch._int_mm`` from Python on plain tensors).
-* ``host_to_device()``: host-to-device copies per op (count, bytes) since ``reset_counters()``.
+* ``host_to_device()``: host-to-device copies per op (count, bytes) since ``reset_counters()``;
+  ``host_to_device_by_shape()`` the same per source shape and dtype (``"2304x64 float16"``), so that a test can tell
+  one tensor's traffic (a position table) from the weights'.
 
 Test-only: the pack never imports it. The stand-in ``torch_npu`` package beside it installs it, and the test harness
 puts this folder on the test ComfyUI's ``PYTHONPATH`` (``tests/comfyui_server.py``).
@@ -52,6 +54,7 @@ _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
 _int_mm_available = True
 _default_device = 0
 _host_to_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+_host_to_device_by_shape: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 _counter_lock = threading.Lock()
 
 
@@ -77,6 +80,10 @@ class DeviceTensor(torch.Tensor):
 
     def __repr__(self):
         return f"DeviceTensor({self.elem!r}, device='{self.device}')"
+
+    def tolist(self):
+        # torch refuses ``tolist`` on wrapper subclasses (no dispatch reaches it); a real device copies to the host
+        return self.elem.tolist()
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -111,11 +118,18 @@ def to_cpu_device(value):
     return torch.device("cpu") if is_device(value) else value
 
 
-def count_host_to_device(op: str, nbytes: int) -> None:
+def shape_key(tensor: torch.Tensor) -> str:
+    """``"2304x64 float16"`` (``"scalar float32"`` for a 0-dim tensor)."""
+    shape = "x".join(str(size) for size in tensor.shape) or "scalar"
+    return f"{shape} {str(tensor.dtype).removeprefix('torch.')}"
+
+
+def count_host_to_device(op: str, source: torch.Tensor) -> None:
+    nbytes = source.numel() * source.element_size()
     with _counter_lock:
-        entry = _host_to_device[op]
-        entry[0] += 1
-        entry[1] += nbytes
+        for entry in (_host_to_device[op], _host_to_device_by_shape[shape_key(source)]):
+            entry[0] += 1
+            entry[1] += nbytes
 
 
 def _target_device(func, args, kwargs):
@@ -178,7 +192,7 @@ def run_op(func, types, args, kwargs):
     if func in COPY_OPS and result_device is not None:
         source = args[1] if func is aten.copy_.default else args[0]
         if isinstance(source, torch.Tensor) and not isinstance(source, DeviceTensor):
-            count_host_to_device(func.overloadpacket.__name__, source.numel() * source.element_size())
+            count_host_to_device(func.overloadpacket.__name__, source)
     by_identity = {id(value.elem): value for value in on_device}
 
     def wrap(value):
@@ -281,6 +295,7 @@ def set_int_mm(available: bool) -> None:
 def reset_counters() -> None:
     with _counter_lock:
         _host_to_device.clear()
+        _host_to_device_by_shape.clear()
 
 
 def host_to_device() -> dict[str, list[int]]:
@@ -289,9 +304,17 @@ def host_to_device() -> dict[str, list[int]]:
         return {op: list(entry) for op, entry in _host_to_device.items()}
 
 
+def host_to_device_by_shape() -> dict[str, list[int]]:
+    """{"2304x64 float16": [count, bytes]} of host-to-device copies since ``reset_counters``, by source."""
+    with _counter_lock:
+        return {shape: list(entry) for shape, entry in _host_to_device_by_shape.items()}
+
+
 def stats() -> dict:
-    return {"current_device": _default_device, "total_bytes": dict(_total_bytes), "allocated_bytes": {i: allocated_bytes(i) for i in range(DEVICE_COUNT)},
-            "int_mm": _int_mm_available, "host_to_device": host_to_device()}
+    return {"current_device": _default_device, "total_bytes": dict(_total_bytes),
+            "allocated_bytes": {index: allocated_bytes(index) for index in range(DEVICE_COUNT)},
+            "int_mm": _int_mm_available, "host_to_device": host_to_device(),
+            "host_to_device_by_shape": host_to_device_by_shape()}
 
 
 class BackendModule:
