@@ -90,8 +90,8 @@ def plan(device_count: int) -> list[dict]:
     for scenario in seed_scenarios.SCENARIOS:
         if not scenario.int_mm:
             skipped = "needs a device without torch._int_mm (the simulated one stands for MPS); CUDA has it"
-        elif scenario.device_index >= device_count:
-            skipped = f"needs {scenario.device_index + 1} CUDA devices, {device_count} here"
+        elif scenario.devices_needed > device_count:
+            skipped = f"needs {scenario.devices_needed} CUDA devices, {device_count} here"
         else:
             skipped = None
         for budget, resident_mb in scenario.resident_mb.items():

@@ -20,7 +20,7 @@ import swap_loaders
 from comfyui_server import finished_prompt, http
 from safetensors.torch import load_file
 from workflow_api import load, official_template
-from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, music3_prompt
+from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json"
@@ -47,8 +47,13 @@ class Scenario:
     probes: tuple[str, ...] = H3_PROBES
     compared: tuple[str, ...] = H3_COMPARED
     device_index: int = 0  # models on device:index, while device:0 exists too
+    devices: int = 1  # devices the graph itself computes on (make_prompt selects the others)
     fix: str | None = None  # "fix@model" that must hook more than 0 modules where the fix is needed
     int_mm: bool = True  # False: on a device without torch._int_mm (MPS), which only the simulated device can be
+
+    @property
+    def devices_needed(self) -> int:
+        return max(self.device_index + 1, self.devices)
 
 
 SCENARIOS = (
@@ -58,6 +63,9 @@ SCENARIOS = (
     Scenario("multi-device (models on device 1)", "test_multi_device_h3_on_npu1", H3_TEXT_TO_VIDEO,
              ("0.36/0.37 VAE",), {"partial": H3_RESIDENT_MB["partial"]}, h3_prompt, device_index=1,
              fix="vae_qk_norm_scale@MiniMaxH3VideoVAE"),
+    Scenario("multi-device (video VAE on device 1, DiT on device 0)", "test_multi_device_h3_split_over_two_devices",
+             H3_TEXT_TO_VIDEO, ("0.36/0.37 VAE",), {"partial": H3_RESIDENT_MB["partial"]},
+             h3_prompt_video_vae_on_device_1, devices=2, fix="vae_qk_norm_scale@MiniMaxH3VideoVAE"),
     Scenario("seed 004 H3 int8 without _int_mm", "test_seed_004_h3_int8_without_int_mm", H3_TEXT_TO_VIDEO,
              ("0.33.0", "fixed int8"), H3_INT8_RESIDENT_MB, h3_prompt, fix="int8_full_precision_mm@MiniMaxH3VideoVAE",
              int_mm=False),

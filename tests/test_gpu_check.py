@@ -52,7 +52,7 @@ def test_its_scenario_list_is_the_simulated_device_tests_list(gpu_check):
 
 def test_one_cuda_device_skips_only_the_multi_device_and_the_no_int_mm_scenarios(gpu_check):
     skipped = {run["scenario"].name for run in gpu_check.plan(device_count=1) if run["skipped"]}
-    assert skipped == {s.name for s in seed_scenarios.SCENARIOS if s.device_index > 0 or not s.int_mm} != set()
+    assert skipped == {s.name for s in seed_scenarios.SCENARIOS if s.devices_needed > 1 or not s.int_mm} != set()
 
 
 @pytest.mark.parametrize("free_mb, resident_mb", [(80_000, 0), (80_000, 1.5), (24_000, 512)])

@@ -137,6 +137,26 @@ def test_multi_device_h3_on_npu1(device_servers, h3_reference):
     assert hook_counts(pack["fix_lines"]).get(scenario.fix, 0) > 0
 
 
+def test_multi_device_h3_split_over_two_devices(device_servers, h3_reference):
+    """The seed 000 graph with the video VAE put on ``npu:1`` by ComfyUI's own Select VAE Device (a deep clone of
+    the VAE's patcher there) while the DiT computes on ``npu:0``, at the partial budget on both devices: the fix still
+    attached to the clone, the pack's run equal to the CPU's, the stock run failing at VAE Decode on ``npu:1``."""
+    scenario = named("multi-device (video VAE on device 1, DiT on device 0)")
+    (core,) = scenario.cores
+    pack_workflow, stock_workflow = workflows(scenario.workflow)
+    device = SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"])  # seed 000's servers
+    ((budget, total_mb),) = budgets(scenario).items()
+    stock = run(device_servers(core, False, device), stock_workflow, "split_stock", total_mb,
+                make_prompt=scenario.make_prompt)
+    pack = run(device_servers(core, True, device), pack_workflow, "split_pack", total_mb,
+               make_prompt=scenario.make_prompt)
+    record(scenario.name, core, budget, "stock (server without the pack)", stock, h3_reference["tensors"])
+    diff = record(scenario.name, core, budget, "pack", pack, h3_reference["tensors"])
+    assert stock["error"].startswith(f"VAEDecode: {MIXED}, npu:1 and cpu!"), stock["error"]
+    assert pack["error"] is None and diff <= 1e-4, pack["error"]
+    assert hook_counts(pack["fix_lines"]).get(scenario.fix, 0) > 0
+
+
 def test_seed_002_music3_on_the_device(device_servers):
     """Music 3 (text encoder, AR loop, DAV decode: what a CPU can run, see test_workflow_runs) on the device at three
     budgets, pack and stock loaders, equal outputs and equal to the CPU's. ComfyUI loads the Music 3 text encoder

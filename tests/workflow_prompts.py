@@ -95,6 +95,17 @@ def h3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
     return prompt
 
 
+def h3_prompt_video_vae_on_device_1(workflow: dict, object_info: dict, tag: str) -> dict:
+    """``h3_prompt`` with the video VAE put on the second device by ComfyUI's own Select VAE Device ("gpu:1",
+    between its loader and VAE Decode, a deep clone of the VAE's patcher there): the DiT computes on the first
+    device, the video VAE on the second."""
+    prompt = h3_prompt(workflow, object_info, tag)
+    decode = prompt[node_id(prompt, "VAEDecode")]["inputs"]
+    prompt["select_vae_device"] = {"class_type": "SelectVAEDevice", "inputs": {"vae": decode["vae"], "device": "gpu:1"}}
+    decode["vae"] = ["select_vae_device", 0]
+    return prompt
+
+
 @functools.cache  # read once per run: the session fixtures ask for it per models folder and per core
 def official_template_inputs() -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
     """What the official templates (OFFICIAL_TEMPLATES) load: (ComfyUI model folder, file name) of every model file
