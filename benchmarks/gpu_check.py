@@ -10,10 +10,11 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
    is: ``--reserve-vram`` is set so that ComfyUI's own free-memory reading (``torch.cuda.mem_get_info`` in the
    server, read from ``/system_stats`` of a first server) leaves exactly the scenario's resident MB beyond
    ``minimum_inference_memory()``, so ComfyUI itself decides the partial loads; ``NVIDIA_TF32_OVERRIDE=0`` and fp32
-   so that outputs compare with an all-CPU (``--cpu``) run of the same graph. The multi-device scenario needs two
-   CUDA devices, otherwise it is reported skipped; it runs with ``--default-device 1``, which in ComfyUI renumbers
-   the devices so that the second GPU is ``cuda:0`` in the server: it checks the second card, not a model on a
-   device index other than 0 (that case is the simulated device's, ``npu:1``);
+   so that outputs compare with an all-CPU (``--cpu``) run of the same graph. The multi-device scenarios need two
+   CUDA devices, otherwise they are reported skipped; "models on device 1" runs with ``--default-device 1``, which
+   in ComfyUI renumbers the devices so that the second GPU is ``cuda:0`` in the server: it checks the second card,
+   not a model on a device index other than 0 (that case is the simulated device's, ``npu:1``); the split one puts
+   the video VAE on ``cuda:1`` with ComfyUI's Select VAE Device;
 2. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
 3. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
