@@ -1,5 +1,5 @@
 """The opt-in GPU check: the end-to-end seed scenarios on real CUDA, the Music 3 CUDA-graph check and the doctor, in
-one command and one report, for the day an NVIDIA GPU is at hand (never in CI; about 5 minutes, at most 10).
+one command and one report, for the day an NVIDIA GPU is at hand (never in CI; about 7 minutes, at most 10).
 
     python benchmarks/gpu_check.py --comfyui PATH [--out report.json]
 
@@ -15,8 +15,11 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
    in ComfyUI renumbers the devices so that the second GPU is ``cuda:0`` in the server: it checks the second card,
    not a model on a device index other than 0 (that case is the simulated device's, ``npu:1``); the split one puts
    the video VAE on ``cuda:1`` with ComfyUI's Select VAE Device;
-2. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
-3. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
+2. seed 001 (``vision_tower_part``): the H3 reference-to-video conditioning with the tiny text encoder on the GPU
+   (fp32: ``--fp32-text-enc``, since ``--force-fp32`` keeps text encoders on the CPU), at the budgets of
+   tests/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between prompts;
+3. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
+4. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
 A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, the budget split the
 models as intended (a partial load logged at the "partial" and "smallest" budgets), and the scenario's fix, where
@@ -108,12 +111,13 @@ def reserve_vram_gb(free_mb: float, resident_mb: float) -> float:
 
 
 @contextlib.contextmanager
-def server(comfyui: Path, models: Path, work: Path, device, pack: bool):
+def server(comfyui: Path, models: Path, work: Path, device, pack: bool, cache: bool = False):
+    """A ComfyUI serving ``models``; ``--cache-none`` unless ``cache`` (then it keeps its models between prompts)."""
     from comfyui_server import comfyui_with_pack
 
     base = Path(tempfile.mkdtemp(dir=work, prefix="server"))
     (base / "models").symlink_to(models, target_is_directory=True)
-    with comfyui_with_pack(comfyui, base, ROOT / "tests" / "comfyui_probe", options=("--cache-none",),
+    with comfyui_with_pack(comfyui, base, ROOT / "tests" / "comfyui_probe", options=() if cache else ("--cache-none",),
                            device=device, pack=pack) as (url, object_info):
         yield url, object_info, base
 
@@ -192,6 +196,63 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
     return rows, failed
 
 
+def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
+    """Seed 001 (tests/seed_scenarios.py, ``VISION_TOWER_*``): the H3 reference-to-video conditioning with the tiny
+    text encoder on the GPU in fp32, at each budget, in a server without the pack and one with it that keep their
+    models between prompts, both canvases and prompt texts, against a ``--cpu`` server. A pack run passes when every
+    prompt completes and equals the CPU's, the budget split the encoder as intended, and each qwen3vl fix the
+    start-up log calls needed hooked. CUDA has no host-to-device counter here: the bytes per prompt are the simulated
+    device's (tests/test_h3_vision_tower_on_device.py)."""
+    import seed_scenarios
+    import synthetic_models
+    from comfyui_server import CudaDevice
+
+    models = work / "vision_tower_models"
+    synthetic_models.write_vision_tower_models(models)
+    pack_workflow, stock_workflow = seed_scenarios.workflows(seed_scenarios.H3_REFERENCE_TO_VIDEO)
+    prompts = [(canvas, text) for canvas in seed_scenarios.VISION_TOWER_CANVASES
+               for text in seed_scenarios.VISION_TOWER_PROMPTS]
+    with server(args.comfyui, models, work, None, pack=True, cache=True) as cpu:
+        reference = [seed_scenarios.run_vision_tower(cpu, pack_workflow, text, canvas, f"cpu_{i}")["conditioning"]
+                     for i, (canvas, text) in enumerate(prompts)]
+    free = free_mb_on(args.comfyui, models, work, 0)
+    rows, failed = [], 0
+    for budget, resident_mb in seed_scenarios.VISION_TOWER_RESIDENT_MB.items():
+        for pack in (False, True):
+            device = CudaDevice(reserve_vram_gb=reserve_vram_gb(free, resident_mb), text_encoder=True)
+            loaders = "pack" if pack else "stock (server without the pack)"
+            with server(args.comfyui, models, work, device, pack, cache=True) as running:
+                results = [seed_scenarios.run_vision_tower(running, pack_workflow if pack else stock_workflow, text,
+                                                           canvas, f"{budget}_{'pack' if pack else 'stock'}_{i}")
+                           for i, (canvas, text) in enumerate(prompts)]
+                states = {fix: seed_scenarios.fix_state(running[2], fix) for fix in seed_scenarios.VISION_TOWER_FIXES}
+            errors = [result["error"] for result in results if result["error"]]
+            diffs = [(result["conditioning"] - expected).abs().max().item()
+                     for result, expected in zip(results, reference, strict=True)
+                     if result["conditioning"] is not None and expected is not None]
+            diff = max(diffs) if len(diffs) == len(prompts) else None
+            hooks = {}
+            for result in results:
+                hooks.update({key: count for key, count in seed_scenarios.hook_counts(result["fix_lines"]).items()
+                              if count})
+            split = any("partial" in load for result in results for load in result["loads"])
+            verdict = "reported"
+            if pack:
+                hooked = {key.split("@")[0] for key in hooks}
+                passed = (not errors and diff is not None and diff <= TOLERANCE
+                          and (split or budget not in PARTIAL_BUDGETS)
+                          and all(fix in hooked for fix, state in states.items() if state == "needed"))
+                verdict = "pass" if passed else "FAIL"
+                failed += not passed
+            rows.append({"scenario": seed_scenarios.VISION_TOWER, "budget": budget, "loaders": loaders,
+                         "reserve_vram_gb": device.reserve_vram_gb, "errors": errors,
+                         "loads": [result["loads"] for result in results], "partial_load": split, "hooks": hooks,
+                         "fix_state": states, "max_abs_diff": diff, "verdict": verdict})
+            print(f"{seed_scenarios.VISION_TOWER} | {budget} | {loaders} | {errors[0] if errors else 'completed'} | "
+                  f"diff {diff} | {verdict}", flush=True)
+    return rows, failed
+
+
 def music3_part(work: Path) -> tuple[dict, int]:
     spec = importlib.util.spec_from_file_location("music3_graph_capture", MUSIC3_CHECK)
     module = importlib.util.module_from_spec(spec)
@@ -225,6 +286,7 @@ def main(argv=None) -> int:
     failed = 0
     with tempfile.TemporaryDirectory(prefix="minimax-hotfix-gpu-check-") as work:
         for part, run_part in (("scenarios", lambda: scenario_part(args, Path(work))),
+                               ("vision_tower", lambda: vision_tower_part(args, Path(work))),
                                ("music3_graph_capture", lambda: music3_part(Path(work))),
                                ("doctor", lambda: doctor_part(args.comfyui))):
             part_started = time.monotonic()

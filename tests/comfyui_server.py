@@ -67,15 +67,17 @@ class CudaDevice:
     """Start the server on real CUDA (benchmarks/gpu_check.py): ``--reserve-vram`` sets what ComfyUI's memory manager
     may keep resident; ``index`` other than 0 is ``--default-device index`` (the other devices stay visible, but
     ComfyUI renumbers them so that this one is ``cuda:0`` in the server). fp32 and TF32 off, so that outputs compare
-    with a ``--cpu`` run."""
+    with a ``--cpu`` run; ``text_encoder``: text encoders on the GPU too, in fp32 (``--fp32-text-enc`` instead of
+    ``--force-fp32``, which keeps them on the CPU)."""
 
     reserve_vram_gb: float | None = None
     index: int = 0
+    text_encoder: bool = False
 
     def options(self) -> tuple[str, ...]:
         reserve = () if self.reserve_vram_gb is None else ("--reserve-vram", f"{self.reserve_vram_gb:.6f}")
         default = ("--default-device", str(self.index)) if self.index else ()
-        return ("--force-fp32", "--fp32-vae", *reserve, *default)
+        return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *reserve, *default)
 
     def environment(self) -> dict:
         return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}

@@ -19,7 +19,7 @@ import scenario_table
 import swap_loaders
 from comfyui_server import finished_prompt, http
 from safetensors.torch import load_file
-from workflow_api import load, official_template
+from workflow_api import load, official_template, ui_to_api
 from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,24 @@ def error_of(entry: dict) -> str | None:
     return f"{data['node_type']}: {data['exception_message'].strip().splitlines()[0]}"
 
 
+def without_missing_pack_nodes(workflow: dict, object_info: dict) -> dict:
+    """``workflow`` as a user of a server without the pack queues it: its status node (a display, linked to
+    nothing) deleted."""
+    workflow = copy.deepcopy(workflow)
+    workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] in object_info
+                         or not node["type"].startswith(swap_loaders.RULES["pack_node_prefix"])]
+    return workflow
+
+
+def loads_of(log_text: str) -> list[str]:
+    """MB loaded per model in a log, in load order, "(partial)" where ComfyUI loaded it partially."""
+    return [f"{float(mb):.2f}{'' if kind == 'completely' else ' (partial)'}" for kind, mb in LOAD_LINE.findall(log_text)]
+
+
+def fix_lines_of(log_text: str) -> list[str]:
+    return [match.group(0) for line in log_text.splitlines() if (match := FIX_LOG.search(line))]
+
+
 def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_prompt=h3_prompt,
         probes=H3_PROBES, current_device: int = 0) -> dict:
     """Queues ``make_prompt(workflow)`` (H3: tiny canvas, the tiny real text encoder, probes) on ``server`` at
@@ -106,22 +124,67 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
         http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
                                          "reset_counters": True})
     start = len(log.read_text())
-    workflow = copy.deepcopy(workflow)
-    # a server without the pack lacks its status node (a display, linked to nothing): the user deletes it
-    workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] in object_info
-                         or not node["type"].startswith(swap_loaders.RULES["pack_node_prefix"])]
-    prompt = make_prompt(workflow, object_info, tag)
+    prompt = make_prompt(without_missing_pack_nodes(workflow, object_info), object_info, tag)
     entry = finished_prompt(url, prompt, base)
     text = log.read_text()[start:]
     tensors = {f"{probe}.{name}": value for probe in probes
                if (path := base / "output" / f"{tag}_{probe}.safetensors").exists()
                for name, value in load_file(path).items()}
     device = json.loads(http(url + "/simulated_device")[1]) if total_mb is not None else None
-    return {"error": error_of(entry), "tensors": tensors,
-            "loads": [f"{float(mb):.2f}{'' if kind == 'completely' else ' (partial)'}"
-                      for kind, mb in LOAD_LINE.findall(text)],
-            "fix_lines": [match.group(0) for line in text.splitlines() if (match := FIX_LOG.search(line))],
+    return {"error": error_of(entry), "tensors": tensors, "loads": loads_of(text), "fix_lines": fix_lines_of(text),
             "h2d": sum(nbytes for _, nbytes in device["host_to_device"].values()) if device else None}
+
+
+# Seed 001 (tests/test_h3_vision_tower_on_device.py; benchmarks/gpu_check.py): the H3 reference-to-video workflow's
+# conditioning, its reference image through the real tiny text encoder's vision tower on the device, in the models
+# folder of synthetic_models.write_vision_tower_models, in servers that keep their models between prompts
+VISION_TOWER = "seed 001 H3 r2v vision tower"
+H3_REFERENCE_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_reference_to_video.json"
+# MB resident beyond minimum_inference_memory(): the 80.8 MB encoder whole; 14.4 MB of its layers (ComfyUI reserves a
+# 55.6 MB offload buffer first, on the simulated device); none
+VISION_TOWER_RESIDENT_MB = {"full": 256, "partial": 70, "smallest": 0}
+# "match" scales the reference (ComfyUI's 768x768 example.png) down to the canvas's area: 384x384 (24 x 24 patches of
+# 16 px), 768x768 (48 x 48), fewer than and as many as the position table's 2304 rows
+VISION_TOWER_CANVASES = {"384x384": ((384, 384), 24 * 24), "768x768": ((1344, 768), 48 * 48)}
+VISION_TOWER_PROMPTS = ("a red kite over the sea", "a blue boat in the rain")
+VISION_TOWER_FIXES = {"qwen3vl_pos_embed", "qwen3vl_rotary_table"}
+
+
+def vision_tower_graph(workflow: dict, object_info: dict, text: str, canvas: tuple[int, int], tag: str) -> dict:
+    """The workflow as the frontend queues it, cut to the conditioning node's inputs, with a probe saving its output
+    to ``<tag>.safetensors``."""
+    prompt = ui_to_api(workflow, object_info)
+    (conditioning,) = [key for key, node in prompt.items() if node["class_type"] == "MiniMaxH3ReferenceToVideo"]
+    needed, todo = set(), [conditioning]
+    while todo:
+        key = todo.pop()
+        if key not in needed:
+            needed.add(key)
+            todo += [value[0] for value in prompt[key]["inputs"].values() if isinstance(value, list)]
+    prompt = {key: node for key, node in prompt.items() if key in needed}
+    inputs = prompt[conditioning]["inputs"]
+    inputs["prompt"], (inputs["width"], inputs["height"]) = text, canvas
+    prompt["probe"] = {"class_type": "TestProbeSaveTensors",
+                       "inputs": {"filename": tag, "conditioning": [conditioning, 0]}}
+    return prompt
+
+
+def run_vision_tower(server, workflow: dict, text: str, canvas: str, tag: str, counters: bool = False) -> dict:
+    """Queues ``vision_tower_graph`` on ``server`` with a canvas of VISION_TOWER_CANVASES; returns its error (None:
+    completed), the conditioning, the loads and fix lines of its log and, with ``counters``, the simulated device's
+    host-to-device copies by source shape during the prompt."""
+    url, object_info, base = server
+    log = base / "comfyui.log"
+    start = len(log.read_text())
+    if counters:
+        http(url + "/simulated_device", {"reset_counters": True})
+    graph = vision_tower_graph(without_missing_pack_nodes(workflow, object_info), object_info, text,
+                               VISION_TOWER_CANVASES[canvas][0], tag)
+    entry = finished_prompt(url, graph, base)
+    text_log, saved = log.read_text()[start:], base / "output" / f"{tag}.safetensors"
+    return {"error": error_of(entry), "conditioning": load_file(saved)["conditioning"] if saved.exists() else None,
+            "loads": loads_of(text_log), "fix_lines": fix_lines_of(text_log),
+            "by_shape": json.loads(http(url + "/simulated_device")[1])["host_to_device_by_shape"] if counters else None}
 
 
 def hook_counts(lines: list[str]) -> dict[str, int]:

@@ -59,3 +59,39 @@ def test_one_cuda_device_skips_only_the_multi_device_and_the_no_int_mm_scenarios
 def test_the_reserve_leaves_the_resident_mb(gpu_check, free_mb, resident_mb):
     reserve_mb = gpu_check.reserve_vram_gb(free_mb, resident_mb) * 1024
     assert free_mb - (gpu_check.INFERENCE_MB + reserve_mb) == pytest.approx(resident_mb)
+
+
+def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, comfyui, monkeypatch,
+                                                                                    tmp_path):
+    """The seed 001 part (``vision_tower_part``) run once without a GPU: each CUDA server it starts is a simulated-device
+    server whose total leaves what the computed ``--reserve-vram`` would (ComfyUI 0.33.0 here), so its own code
+    (prompts, references, comparison, split and hook checks, verdicts) has run before a GPU is at hand."""
+    import argparse
+    import dataclasses
+
+    import comfyui_server
+    import simulated_cores
+
+    if not simulated_cores.available():
+        pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its 0.33.0 tree)")
+    free_mb = 2048.0
+
+    @dataclasses.dataclass(frozen=True)
+    class SimulatedCuda(comfyui_server.SimulatedDevice):
+        reserve_vram_gb: float = 0.0
+
+    def cuda_device(reserve_vram_gb, text_encoder):
+        assert text_encoder
+        resident_mb = free_mb - gpu_check.INFERENCE_MB - reserve_vram_gb * 1024
+        return SimulatedCuda(total_mb=seed_scenarios.RESERVE_MB + resident_mb, force_fp32=False,
+                             reserve_vram_gb=reserve_vram_gb)
+
+    monkeypatch.setattr(comfyui_server, "CudaDevice", cuda_device)
+    monkeypatch.setattr(gpu_check, "free_mb_on", lambda *args: free_mb)
+    rows, failed = gpu_check.vision_tower_part(argparse.Namespace(comfyui=Path(comfyui)), tmp_path)
+    verdicts = {(row["budget"], row["loaders"]): row["verdict"] for row in rows}
+    assert failed == 0 and verdicts == {(budget, loaders): "pass" if loaders == "pack" else "reported"
+                                        for budget in seed_scenarios.VISION_TOWER_RESIDENT_MB
+                                        for loaders in ("stock (server without the pack)", "pack")}, rows
+    assert all(row["max_abs_diff"] <= 1e-4 for row in rows) and all(row["partial_load"] for row in rows
+                                                                    if row["budget"] != "full"), rows

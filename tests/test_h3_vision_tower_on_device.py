@@ -15,61 +15,43 @@ the all-CPU reference.
 
 Shows per prompt: host-to-device bytes in all and those of the tower's tables (the device's counters by source
 shape: the position table or its interpolated rows, N x hidden, and the rotary table, N x head_dim/2), pack vs stock,
-and the conditioning's max abs difference against the all-CPU run. The goal: with the pack no prompt sends more than
-stock, and, while ComfyUI keeps the encoder loaded, no table crosses again after the first prompt of an image size.
+and the conditioning's max abs difference against the all-CPU run. The goal: with the pack no prompt sends more table
+bytes than stock and no budget's four prompts more bytes in all, and, while ComfyUI keeps the encoder loaded, no
+table crosses again after the first prompt of an image size. The budgets, canvases, prompts and graph are
+tests/seed_scenarios.py's (``VISION_TOWER_*``), which the GPU check runs too.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import scenario_table  # noqa: E402
 import simulated_cores  # noqa: E402
 import synthetic_models  # noqa: E402
-from comfyui_server import SimulatedDevice, http, run_prompt  # noqa: E402
-from seed_scenarios import LOAD_LINE, RESERVE_MB, hook_counts, workflows  # noqa: E402
-from workflow_api import ui_to_api  # noqa: E402
-from workflow_prompts import FIX_LOG  # noqa: E402
+from comfyui_server import SimulatedDevice, http  # noqa: E402
+from seed_scenarios import (  # noqa: E402
+    H3_REFERENCE_TO_VIDEO,
+    RESERVE_MB,
+    VISION_TOWER,
+    VISION_TOWER_CANVASES,
+    VISION_TOWER_FIXES,
+    VISION_TOWER_PROMPTS,
+    VISION_TOWER_RESIDENT_MB,
+    hook_counts,
+    run_vision_tower,
+    workflows,
+)
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
-SCENARIO = "seed 001 H3 r2v vision tower"
 # ComfyUI 0.33.0's Qwen35VisionModel, and the newer qwen35.py of the 0.38 era and of 0.39.0, all still building
 # their tables on the weight's or the buffer's device
 CORES = ("0.33.0", "0.38 Qwen3-VL", "0.39 era")
-WORKFLOW = PACK_ROOT / "workflows" / "minimax_h3_reference_to_video.json"
-# MB resident beyond minimum_inference_memory(): the 80.8 MB encoder whole; 14.4 MB of its layers (ComfyUI reserves a
-# 55.6 MB offload buffer first); none
-RESIDENT_MB = {"full": 256, "partial": 70, "smallest": 0}
-# "match" scales the reference down to the canvas's area: 384x384 (24 x 24 patches of 16 px), 768x768 (48 x 48)
-CANVASES = {"384x384": ((384, 384), 24 * 24), "768x768": ((1344, 768), 48 * 48)}
-PROMPTS = ("a red kite over the sea", "a blue boat in the rain")
-FIXES = {"qwen3vl_pos_embed", "qwen3vl_rotary_table"}
-
-
-def conditioning_graph(workflow: dict, object_info: dict, text: str, canvas: tuple[int, int], tag: str) -> dict:
-    """The workflow as the frontend queues it, cut to the conditioning node's inputs, with a probe saving its output."""
-    prompt = ui_to_api(workflow, object_info)
-    (conditioning,) = [key for key, node in prompt.items() if node["class_type"] == "MiniMaxH3ReferenceToVideo"]
-    needed, todo = set(), [conditioning]
-    while todo:
-        key = todo.pop()
-        if key not in needed:
-            needed.add(key)
-            todo += [value[0] for value in prompt[key]["inputs"].values() if isinstance(value, list)]
-    prompt = {key: node for key, node in prompt.items() if key in needed}
-    inputs = prompt[conditioning]["inputs"]
-    inputs["prompt"], (inputs["width"], inputs["height"]) = text, canvas
-    prompt["probe"] = {"class_type": "TestProbeSaveTensors",
-                       "inputs": {"filename": tag, "conditioning": [conditioning, 0]}}
-    return prompt
 
 
 def table_shapes(patches: int) -> set[str]:
@@ -92,61 +74,49 @@ def vision_models(tmp_path_factory, comfyui):
 
 
 def queue(server, workflow: dict, text: str, canvas: str, tag: str, on_device: bool = True) -> dict:
-    url, object_info, base = server
-    log = base / "comfyui.log"
-    start = len(log.read_text())
+    result = run_vision_tower(server, workflow, text, canvas, tag, counters=on_device)
+    assert result["error"] is None, result["error"]
     if on_device:
-        http(url + "/simulated_device", {"reset_counters": True})
-    prompt = conditioning_graph(workflow, object_info, text, CANVASES[canvas][0], tag)
-    run_prompt(url, prompt, base)
-    out = load_file(base / "output" / f"{tag}.safetensors")["conditioning"]
-    if not on_device:
-        return {"conditioning": out}
-    stats = json.loads(http(url + "/simulated_device")[1])
-    text_log = log.read_text()[start:]
-    tables = table_shapes(CANVASES[canvas][1])
-    by_shape = stats["host_to_device_by_shape"]
-    return {"conditioning": out, "h2d": sum(nbytes for _, nbytes in by_shape.values()),
-            "tables": sum(nbytes for shape, (_, nbytes) in by_shape.items() if shape in tables),
-            "loads": [f"{float(mb):.2f}{'' if kind == 'completely' else ' (partial)'}"
-                      for kind, mb in LOAD_LINE.findall(text_log)],
-            "hooks": hook_counts([m.group(0) for line in text_log.splitlines() if (m := FIX_LOG.search(line))])}
+        tables = table_shapes(VISION_TOWER_CANVASES[canvas][1])
+        by_shape = result["by_shape"]
+        result["h2d"] = sum(nbytes for _, nbytes in by_shape.values())
+        result["tables"] = sum(nbytes for shape, (_, nbytes) in by_shape.items() if shape in tables)
+        result["hooks"] = hook_counts(result["fix_lines"])
+    return result
 
 
 @pytest.mark.parametrize("core", CORES)
 def test_seed_001_vision_tower_bytes_per_prompt_pack_vs_stock(core, device_servers, vision_models):
-    pack_workflow, stock_workflow = workflows(WORKFLOW)
-    stock_workflow["nodes"] = [node for node in stock_workflow["nodes"] if node["type"] != "MiniMaxHotfixStatus"]
+    pack_workflow, stock_workflow = workflows(H3_REFERENCE_TO_VIDEO)
     cpu = device_servers(core, True, None, vision_models, cache=True)
-    reference = {(canvas, text): queue(cpu, pack_workflow, text, canvas, f"cpu_{canvas}_{i}", False)[
-        "conditioning"]
-                 for canvas in CANVASES for i, text in enumerate(PROMPTS)}
-    device = SimulatedDevice(total_mb=RESERVE_MB + RESIDENT_MB["full"], force_fp32=False)
+    reference = {(canvas, text): queue(cpu, pack_workflow, text, canvas, f"cpu_{canvas}_{i}", False)["conditioning"]
+                 for canvas in VISION_TOWER_CANVASES for i, text in enumerate(VISION_TOWER_PROMPTS)}
+    device = SimulatedDevice(total_mb=RESERVE_MB + VISION_TOWER_RESIDENT_MB["full"], force_fp32=False)
     runs = {}
-    for budget, resident_mb in RESIDENT_MB.items():
+    for budget, resident_mb in VISION_TOWER_RESIDENT_MB.items():
         for loaders, pack, workflow in (("stock", False, stock_workflow), ("pack", True, pack_workflow)):
             server = device_servers(core, pack, device, vision_models, cache=True)
             url = server[0]
             http(url + "/free", {"unload_models": True, "free_memory": True})
             http(url + "/simulated_device", {"total_mb": RESERVE_MB + resident_mb})
-            for canvas in CANVASES:
-                for index, text in enumerate(PROMPTS):
+            for canvas in VISION_TOWER_CANVASES:
+                for index, text in enumerate(VISION_TOWER_PROMPTS):
                     result = queue(server, workflow, text, canvas, f"{budget}_{loaders}_{canvas}_{index}")
                     result["diff"] = (result["conditioning"] - reference[(canvas, text)]).abs().max().item()
                     runs[(budget, loaders, canvas, index + 1)] = result
 
-    print(f"\n{SCENARIO}, core {core!r}: host-to-device bytes per prompt (KiB: tables / all) and max abs diff vs cpu")
+    print(f"\n{VISION_TOWER}, core {core!r}: host-to-device bytes per prompt (KiB: tables / all) and max abs diff vs cpu")
     for (budget, loaders, canvas, prompt), result in runs.items():
         print(f"{budget:>8} {loaders:>5} {canvas:>7} prompt {prompt}: tables {result['tables'] / 1024:6.1f}  all "
               f"{result['h2d'] / 1024:9.1f}  diff {result['diff']:.2g}  loads {'/'.join(result['loads']) or '-'}")
-    for budget in RESIDENT_MB:
+    for budget in VISION_TOWER_RESIDENT_MB:
         for loaders in ("stock", "pack"):
             mine = [result for (b, kind, *_), result in runs.items() if (b, kind) == (budget, loaders)]
             hooks = {}
             for result in mine:
                 hooks.update({key: count for key, count in result["hooks"].items() if count})
             scenario_table.ROWS.append({
-                "scenario": SCENARIO, "core": core, "budget": budget,
+                "scenario": VISION_TOWER, "core": core, "budget": budget,
                 "loaders": "pack" if loaders == "pack" else "stock (server without the pack)", "outcome": "completed",
                 "loads": "/".join(next(r["loads"] for r in mine if r["loads"])),
                 "hooks": ", ".join(f"{key}={count}" for key, count in hooks.items()) or "-",
@@ -163,9 +133,9 @@ def test_seed_001_vision_tower_bytes_per_prompt_pack_vs_stock(core, device_serve
     # the encoder runs on the device in float32 from bfloat16 weights, as on the CPU; measured 2.9e-05 (reduction order)
     assert max(result["diff"] for result in runs.values()) <= 1e-4
     hooked = {key.split("@")[0] for result in runs.values() for key, count in result["hooks"].items() if count}
-    assert hooked == FIXES, hooked  # stock servers have no pack: only the pack's runs hook
-    small, large = (patches * 64 * 2 for _, patches in CANVASES.values())  # bfloat16 rows of width 64
-    for budget in RESIDENT_MB:
+    assert hooked == VISION_TOWER_FIXES, hooked  # stock servers have no pack: only the pack's runs hook
+    small, large = (patches * 64 * 2 for _, patches in VISION_TOWER_CANVASES.values())  # bfloat16 rows of width 64
+    for budget in VISION_TOWER_RESIDENT_MB:
         pack = [result for (b, kind, *_), result in runs.items() if (b, kind) == (budget, "pack")]
         stock = [result for (b, kind, *_), result in runs.items() if (b, kind) == (budget, "stock")]
         # the tables: never more than stock, prompt by prompt
@@ -176,11 +146,11 @@ def test_seed_001_vision_tower_bytes_per_prompt_pack_vs_stock(core, device_serve
         assert all(mine["h2d"] <= theirs["h2d"] + small for mine, theirs in zip(pack, stock, strict=True)), budget
     # red: with the tables left in CPU RAM, stock sends its interpolated rows and rotary table on every prompt
     for budget in ("partial", "smallest"):
-        assert all(runs[(budget, "stock", canvas, prompt)]["tables"] > 0 for canvas in CANVASES for prompt in (1, 2))
+        assert all(runs[(budget, "stock", canvas, prompt)]["tables"] > 0 for canvas in VISION_TOWER_CANVASES for prompt in (1, 2))
     # green: while ComfyUI keeps the encoder loaded (partial: reloaded in place on every prompt), nothing crosses after
     # the first prompt of an image size: the 384x384 rows once (stock's bytes), then the whole table, which the
     # 768x768 image needs, once
-    assert [runs[("partial", "pack", canvas, prompt)]["tables"] for canvas in CANVASES for prompt in (1, 2)] == [
+    assert [runs[("partial", "pack", canvas, prompt)]["tables"] for canvas in VISION_TOWER_CANVASES for prompt in (1, 2)] == [
         small, 0, large, 0]
     # at "smallest" ComfyUI unloads the encoder (model_unload) to load the VAE on every prompt, and the tables go
     # with it: every prompt is a first one there
