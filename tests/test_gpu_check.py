@@ -61,33 +61,60 @@ def test_the_reserve_leaves_the_resident_mb(gpu_check, free_mb, resident_mb):
     assert free_mb - (gpu_check.INFERENCE_MB + reserve_mb) == pytest.approx(resident_mb)
 
 
-def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, comfyui, monkeypatch,
-                                                                                    tmp_path):
-    """The seed 001 part (``vision_tower_part``) run once without a GPU: each CUDA server it starts is a simulated-device
-    server whose total leaves what the computed ``--reserve-vram`` would (ComfyUI 0.33.0 here), so its own code
-    (prompts, references, comparison, split and hook checks, verdicts) has run before a GPU is at hand."""
-    import argparse
+@pytest.fixture
+def simulated_cuda(gpu_check, comfyui, monkeypatch):
+    """Two simulated devices standing in for CUDA: each server the GPU check would start with a ``--reserve-vram``
+    (and ``--default-device``) is a simulated-device server whose total leaves the same resident MB (models on that
+    device), with ComfyUI's free memory read as FREE_MB."""
     import dataclasses
 
     import comfyui_server
     import simulated_cores
 
     if not simulated_cores.available():
-        pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its 0.33.0 tree)")
-    free_mb = 2048.0
+        pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its trees)")
 
     @dataclasses.dataclass(frozen=True)
     class SimulatedCuda(comfyui_server.SimulatedDevice):
-        reserve_vram_gb: float = 0.0
+        reserve_vram_gb: float | None = None
 
-    def cuda_device(reserve_vram_gb, text_encoder):
-        assert text_encoder
-        resident_mb = free_mb - gpu_check.INFERENCE_MB - reserve_vram_gb * 1024
-        return SimulatedCuda(total_mb=seed_scenarios.RESERVE_MB + resident_mb, force_fp32=False,
-                             reserve_vram_gb=reserve_vram_gb)
+    def cuda_device(reserve_vram_gb=None, index=0, text_encoder=False):
+        resident_mb = FREE_MB - gpu_check.INFERENCE_MB - (reserve_vram_gb or 0) * 1024
+        return SimulatedCuda(total_mb=seed_scenarios.RESERVE_MB + resident_mb, current=index,
+                             force_fp32=not text_encoder, reserve_vram_gb=reserve_vram_gb)
 
     monkeypatch.setattr(comfyui_server, "CudaDevice", cuda_device)
-    monkeypatch.setattr(gpu_check, "free_mb_on", lambda *args: free_mb)
+    monkeypatch.setattr(gpu_check, "free_mb_on", lambda *args: FREE_MB)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+FREE_MB = 2048.0
+
+
+def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda, tmp_path):
+    """The scenario part run once without a GPU, on the simulated 0.36/0.37 VAE core: every pack run passes (red,
+    found by this run: Music 3, which ComfyUI never splits, failed the split check at the partial budgets), the stock
+    runs are reported, seed 004 is skipped (CUDA has ``_int_mm``)."""
+    import argparse
+
+    import simulated_cores
+
+    core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
+    rows, failed = gpu_check.scenario_part(argparse.Namespace(comfyui=core), tmp_path)
+    verdicts = {row["verdict"].split(":")[0] for row in rows if row["loaders"] == "pack"}
+    assert failed == 0 and verdicts == {"pass", "skipped"}, [row for row in rows if row["verdict"] == "FAIL"]
+    assert {row["scenario"] for row in rows if row["verdict"].startswith("skipped")} == {
+        s.name for s in seed_scenarios.SCENARIOS if not s.int_mm}
+    assert all(row["verdict"] == "reported" for row in rows if row["loaders"] != "pack"
+               and not row["verdict"].startswith("skipped"))
+
+
+def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,
+                                                                                    comfyui, tmp_path):
+    """The seed 001 part (``vision_tower_part``) run once without a GPU (ComfyUI 0.33.0 here), so its own code
+    (prompts, references, comparison, split and hook checks, verdicts) has run before a GPU is at hand."""
+    import argparse
+
     rows, failed = gpu_check.vision_tower_part(argparse.Namespace(comfyui=Path(comfyui)), tmp_path)
     verdicts = {(row["budget"], row["loaders"]): row["verdict"] for row in rows}
     assert failed == 0 and verdicts == {(budget, loaders): "pass" if loaders == "pack" else "reported"
