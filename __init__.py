@@ -20,13 +20,15 @@ except ImportError:
 else:
     from .api import attach_to_transformers_model, detach_from_transformers_model  # noqa: F401  (public)
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from .nodes.known_error_route import register_known_error_route
     from .nodes.swap_route import register_swap_route
     from .registry import install_process_fixes
 
     sys.modules.setdefault("minimax_hotfix", sys.modules[__name__])
     install_process_fixes()
     register_swap_route()
+    register_known_error_route()
 
-WEB_DIRECTORY = "./web"  # the frontend extension: swap menu entries and commands (web/minimax_hotfix.js)
+WEB_DIRECTORY = "./web"  # the frontend extension (web/minimax_hotfix.js): swap menu entries and commands, known-error notices
 
 __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

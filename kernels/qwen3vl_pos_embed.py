@@ -1,10 +1,10 @@
 """Tensor helpers for the Qwen3-VL vision pos-embed fixes (``patches/qwen3vl_pos_embed.py`` for ComfyUI's tower,
 ``patches/transformers_qwen3vl_pos_embed.py`` for transformers'). Pure torch: no ComfyUI or transformers imports.
 
-* ``track_compute_device`` / ``compute_device`` (``computing_on`` for tests): the device a module computes on,
-  recorded per call. It lives in a ContextVar frame that the module's own forward opens and closes, so two jobs
-  in two threads (each thread has its own context) never see each other's device, and nothing is stored on the
-  shared module.
+* ``track_compute_device`` / ``compute_device``: the device a module computes on, recorded per call. It lives in a
+  ContextVar frame that the module's own forward opens and closes, so two jobs in two threads (each thread has its
+  own context) never see each other's device, and nothing is stored on the shared module. ``computing_on`` opens
+  such a frame by hand (self-tests, benchmarks, tests).
 * ``interpolated_position_table``: the bilinear resampling of the square learned position table to each image's
   patch grid (``grid_shapes`` reads that from a ``grid_thw`` tensor), computed on a device the caller chooses,
   with the same float operations as the towers' own method.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections import OrderedDict
 from typing import Callable, Hashable, Sequence
 
@@ -166,22 +167,40 @@ class ResidentPositionTables:
       never hold more rows than the table itself (oldest dropped first).
 
     Everything is dropped when ``stamp`` changes (the weight replaced, written in place, or patched differently) and
-    by ``clear`` (the model unloaded). Values are the stock ones: kept results are the stock method's output, and a
-    resident table is the rows the tower's own ``pos_embed`` op returns, gathered exactly.
+    by ``clear`` (the model unloaded); ``drop(device)`` frees one device's share. Values are the stock ones: kept
+    results are the stock method's output, and a resident table is the rows the tower's own ``pos_embed`` op returns,
+    gathered exactly.
+
+    Calls in several threads (one tower, jobs on two threads or devices) build one at a time: a table built from the
+    weight as it was when its build started must not be kept under a newer call's stamp, and a table being built is
+    not sent a second time.
     """
 
     def __init__(self):
+        self._lock = threading.Lock()
         self._stamp: Hashable = None
         self._tables: dict[torch.device, torch.Tensor] = {}
         self._results: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
     def clear(self) -> None:
+        with self._lock:
+            self._forget()
+
+    def drop(self, device: torch.device) -> None:
+        """Free what is kept on ``device`` (the weight itself is there now), leaving the other devices' tables."""
+        with self._lock:
+            self._tables.pop(device, None)
+            for key in [key for key in self._results if key[0] == device]:
+                del self._results[key]
+
+    def _forget(self) -> None:
         self._stamp = None
         self._tables.clear()
         self._results.clear()
 
     def resident_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self._tables.values(), *self._results.values()))
+        with self._lock:
+            return sum(t.numel() * t.element_size() for t in (*self._tables.values(), *self._results.values()))
 
     def table(
         self,
@@ -198,24 +217,25 @@ class ResidentPositionTables:
         ``whole_table()``: the ``table_rows`` learned rows on ``device``; ``stock_result()``: the stock method's result
         (wherever it computes); ``interpolate(lookup)``: the interpolation on ``device`` gathering through ``lookup``.
         """
-        if stamp != self._stamp:
-            self.clear()
-            self._stamp = stamp
-        table = self._tables.get(device)
-        if table is None and sum(t * h * w for t, h, w in grid) >= table_rows:
-            table = self._tables[device] = _outside_inference(whole_table)
-            for key in [key for key in self._results if key[0] == device]:
-                del self._results[key]
-        if table is not None:
-            return interpolate(lambda indices: table[indices])
-        key = (device, tuple(grid))
-        result = self._results.get(key)
-        if result is None:
-            result = self._results[key] = _outside_inference(lambda: stock_result().to(device))
-            while sum(len(kept) for kept in self._results.values()) > table_rows:
-                self._results.popitem(last=False)
-        self._results.move_to_end(key)
-        return result
+        with self._lock:
+            if stamp != self._stamp:
+                self._forget()
+                self._stamp = stamp
+            table = self._tables.get(device)
+            if table is None and sum(t * h * w for t, h, w in grid) >= table_rows:
+                table = self._tables[device] = _outside_inference(whole_table)
+                for key in [key for key in self._results if key[0] == device]:
+                    del self._results[key]
+            if table is None:
+                key = (device, tuple(grid))
+                result = self._results.get(key)
+                if result is None:
+                    result = self._results[key] = _outside_inference(lambda: stock_result().to(device))
+                    while sum(len(kept) for kept in self._results.values()) > table_rows:
+                        self._results.popitem(last=False)
+                self._results.move_to_end(key)
+                return result
+        return interpolate(lambda indices: table[indices])
 
 
 def _outside_inference(make: Callable[[], torch.Tensor]) -> torch.Tensor:

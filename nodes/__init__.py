@@ -30,9 +30,42 @@ def _loader_description(stock) -> str:
             f"needs. {getattr(stock, 'DESCRIPTION', '')}").strip()
 
 
+STOCK_INPUT_TOOLTIPS = {  # for the stock loaders' inputs, by input name; a core's own tooltip always wins
+    "vae_name": "The VAE to load from models/vae: for MiniMax H3 its video VAE or its audio VAE, for Music 3 its VAE.",
+    "clip_name": "The text encoder to load from models/text_encoders: MiniMax H3's Qwen3-VL encoder or Music 3's "
+                 "text encoder.",
+    "type": "The kind of text encoder; \"minimax\" for MiniMax H3 and Music 3.",
+    "device": "Where the text encoder runs: \"default\" lets ComfyUI decide, \"cpu\" keeps it on the CPU.",
+    "unet_name": "The diffusion model to load from models/diffusion_models: MiniMax H3's video model or Music 3's.",
+    "weight_dtype": "The dtype the weights are kept in: \"default\" keeps the file's own; an fp8 type takes less "
+                    "memory for some quality, and \"fp8_e4m3fn_fast\" also computes in fp8 where the GPU can.",
+}
+
+
+def _with_tooltips(stock_input_types: dict) -> dict:
+    """The stock loader's inputs with the pack's tooltip added where the running core has none. Built anew, so the
+    stock loader's own dicts stay untouched."""
+    return {section: {name: _with_tooltip(name, entry) for name, entry in inputs.items()}
+            for section, inputs in stock_input_types.items()}
+
+
+def _with_tooltip(name: str, entry):
+    if name not in STOCK_INPUT_TOOLTIPS:
+        return entry
+    options = entry[1] if len(entry) > 1 else {}
+    if options.get("tooltip"):
+        return entry
+    return (entry[0], {**options, "tooltip": STOCK_INPUT_TOOLTIPS[name]}, *entry[2:])
+
+
 class MiniMaxHotfixVAELoader(comfy_nodes.VAELoader):
     CATEGORY = CATEGORY
     DESCRIPTION = _loader_description(comfy_nodes.VAELoader)
+    SEARCH_ALIASES = ["minimax vae", "load vae fix", "h3 vae", "music 3 vae", "vae device fix"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return _with_tooltips(super().INPUT_TYPES())
 
     def load_vae(self, *args, **kwargs):
         return _loaded_with_fixes(Target.VAE, super().load_vae(*args, **kwargs))
@@ -41,6 +74,12 @@ class MiniMaxHotfixVAELoader(comfy_nodes.VAELoader):
 class MiniMaxHotfixCLIPLoader(comfy_nodes.CLIPLoader):
     CATEGORY = CATEGORY
     DESCRIPTION = _loader_description(comfy_nodes.CLIPLoader)
+    SEARCH_ALIASES = ["minimax clip", "load clip fix", "minimax text encoder", "h3 text encoder", "music 3 clip fix",
+                      "qwen3-vl fix"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return _with_tooltips(super().INPUT_TYPES())
 
     def load_clip(self, *args, **kwargs):
         return _loaded_with_fixes(Target.CLIP, super().load_clip(*args, **kwargs))
@@ -49,6 +88,12 @@ class MiniMaxHotfixCLIPLoader(comfy_nodes.CLIPLoader):
 class MiniMaxHotfixUNETLoader(comfy_nodes.UNETLoader):
     CATEGORY = CATEGORY
     DESCRIPTION = _loader_description(comfy_nodes.UNETLoader)
+    SEARCH_ALIASES = ["minimax unet", "minimax diffusion model", "load unet fix", "load diffusion model fix",
+                      "h3 model", "music 3 model", "int8 fix"]
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return _with_tooltips(super().INPUT_TYPES())
 
     def load_unet(self, *args, **kwargs):
         return _loaded_with_fixes(Target.MODEL, super().load_unet(*args, **kwargs))
@@ -60,12 +105,13 @@ class _ApplyFixes:
 
     TARGET: Target
     IO_TYPE: str
+    INPUT_TOOLTIP: str
     FUNCTION = "apply"
     CATEGORY = CATEGORY
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {cls.TARGET.value: (cls.IO_TYPE,)}}
+        return {"required": {cls.TARGET.value: (cls.IO_TYPE, {"tooltip": cls.INPUT_TOOLTIP})}}
 
     def apply(self, **inputs):
         original = inputs[self.TARGET.value]
@@ -101,16 +147,24 @@ def _apply_description(io_type: str) -> str:
 class MiniMaxHotfixApplyVAE(_ApplyFixes):
     TARGET, IO_TYPE, RETURN_TYPES = Target.VAE, "VAE", ("VAE",)
     DESCRIPTION = _apply_description("VAE")
+    INPUT_TOOLTIP = "The VAE to attach the fixes to, from any loader; the output is a copy with the fixes."
+    SEARCH_ALIASES = ["minimax vae fix", "fix vae", "vae device fix"]
 
 
 class MiniMaxHotfixApplyCLIP(_ApplyFixes):
     TARGET, IO_TYPE, RETURN_TYPES = Target.CLIP, "CLIP", ("CLIP",)
     DESCRIPTION = _apply_description("CLIP")
+    INPUT_TOOLTIP = ("The text encoder to attach the fixes to, from any loader (a GGUF one too); the output is a copy "
+                     "with the fixes.")
+    SEARCH_ALIASES = ["minimax clip fix", "fix clip", "gguf clip fix", "music 3 clip fix", "minimax text encoder fix"]
 
 
 class MiniMaxHotfixApplyModel(_ApplyFixes):
     TARGET, IO_TYPE, RETURN_TYPES = Target.MODEL, "MODEL", ("MODEL",)
     DESCRIPTION = _apply_description("MODEL")
+    INPUT_TOOLTIP = ("The diffusion model to attach the fixes to, from any loader (GGUF, checkpoint, third-party); the "
+                     "output is a copy with the fixes.")
+    SEARCH_ALIASES = ["minimax model fix", "fix model", "gguf model fix", "int8 fix"]
 
 
 class MiniMaxHotfixStatus:
@@ -120,6 +174,7 @@ class MiniMaxHotfixStatus:
                   "models, how many modules it hooked at the last load: a stock loader's model never counts); the " \
                   "reason; then, per fix, the upstream change that makes it obsolete and when its file can be deleted."
     CATEGORY = CATEGORY
+    SEARCH_ALIASES = ["minimax status", "hotfix status", "fix status", "minimax doctor"]
     RETURN_TYPES = ("STRING",)
     RETURN_NAMES = ("report",)
     FUNCTION = "report"

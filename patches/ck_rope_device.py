@@ -22,7 +22,8 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=ck_rope_device`` (read when ComfyUI loads t
 
 How: a process-wide, idempotent, reversible wrapper of the comfy_kitchen module attributes (kernels/ck_rope_device.py):
 a stray scale/table is moved to q's device before routing, so the call reaches the fast backend; when the devices
-already agree the wrapper makes the very same call. The first move per function and operand is logged.
+already agree the wrapper makes the very same call. The first move per function and operand is logged
+(once per installation: uninstalling forgets what was logged).
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ class CkRopeDevice(Fix):
 
     def _log_first_move(self, function: str, operand: str, source, target) -> None:
         key = (function, operand, str(source), str(target))
-        if key not in self._logged:
+        with self._lock:  # two threads making the same first move must not both log it
+            first = key not in self._logged
             self._logged.add(key)
+        if first:
             log.info("MiniMax Hotfix: %s: moved %s from %s to %s for comfy_kitchen.%s (its caller left it behind; "
                      "logged once)", FIX_ID, operand, source, target, function)
 
@@ -128,6 +131,7 @@ class CkRopeDevice(Fix):
                     log.warning("MiniMax Hotfix: %s: comfy_kitchen.%s was replaced after this fix wrapped it; left "
                                 "as it is", FIX_ID, name)
             self._installed.clear()
+            self._logged.clear()  # a later install starts afresh: its first moves are logged again
 
 
 FIX = CkRopeDevice()

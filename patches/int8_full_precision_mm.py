@@ -27,8 +27,10 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=int8_full_precision_mm``.
 
 How (docs/int8_full_precision_mm.md has it step by step): an injection on MODEL, CLIP and VAE patchers; where the
 load device fails a real ``torch._int_mm`` probe, each int8 layer the core would hand to it computes with its weight
-dequantized (cached), and a once-installed wrapper of the free function ``comfy.ops.linear_input_act`` (no per-model
-hook reaches it) diverts those layers and passes every other call through unchanged. Eject removes it all.
+dequantized (cached), and a wrapper of the free function ``comfy.ops.linear_input_act`` (no per-model hook reaches it)
+diverts those layers and passes every other call through unchanged. Eject removes the layers' diversions and with them
+their cached weights; the wrapper, installed at the first load that diverts a layer, stays for the rest of the process
+(with no diverted layer left it hands every call to the stock function as it is).
 """
 
 from __future__ import annotations

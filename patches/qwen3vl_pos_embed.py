@@ -96,7 +96,9 @@ def _table_on_compute_device(model, tower, stock):
             return stock(grid_thw)
         tables = resident_tables(tower)
         if embedding.weight.device == device:
-            tables.clear()  # the weight itself is there now: a copy would only hold memory
+            # The weight itself is there now: a copy there would only hold memory. Another device's table stays: the
+            # same tower may compute there too (weights cast per call), in another job at the same time.
+            tables.drop(device)
             return stock(grid_thw)
         grid, rows = grid_shapes(grid_thw), embedding.num_embeddings
         return tables.table(

@@ -26,6 +26,9 @@ device (kernels/resident_copies.py: made on the first call, reused while the buf
 put back afterwards, so outside the call the modules hold exactly what ComfyUI left there: dynamic VRAM's buffer
 backups and restores and the legacy loader's partial loads see only their own tensors. No host-to-device copy per call
 after the first; a buffer already on the compute device is used as it is. Ejecting the model drops the copies.
+Overlapping decoder calls (threads, clones sharing the module; kernels/lent_buffers.py): calls on one device share
+the swapped-in copies and the last one puts the originals back; a call on another device waits until then (the module
+holds one tensor per buffer, so it cannot serve two devices at once).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import textwrap
 
 import torch
 
+from ..kernels.lent_buffers import LentBuffers
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 from ..registry.comfy import comfy_module
 from ..registry.contract import Fix, Retirement, State, Status, Target
@@ -87,26 +91,20 @@ def keep_buffers_on_input_device(module: torch.nn.Module, copies: ResidentCopies
     each call.
 
     A stray buffer is swapped for its resident copy before the call and put back after it (also when the call
-    raises), so between calls the modules hold exactly the tensors the model loader put there. One hook pair on the
-    decoder instead of one per buffer owner keeps the cost per decoder call to a few microseconds.
+    raises), so between calls the modules hold exactly the tensors the model loader put there. Overlapping calls go
+    through ``LentBuffers``: calls on one device share the swap, and a call on another device waits for the put-back.
+    One hook pair on the decoder instead of one per buffer owner keeps the cost per decoder call to a few
+    microseconds.
     """
-    slots = [(owner, name) for owner in module.modules() for name, b in owner._buffers.items() if b is not None]
-    displaced: list[tuple[torch.nn.Module, str, torch.Tensor]] = []
+    lent = LentBuffers.of(module)
 
     def swap_in(mod, args, kwargs):
         device = next((a.device for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-        if device is None:
-            return
-        for owner, name in slots:
-            buffer = owner._buffers.get(name)
-            if buffer is not None and buffer.device != device:
-                displaced.append((owner, name, buffer))
-                owner._buffers[name] = copies.on((owner, name), buffer, device)
+        if device is not None:
+            lent.enter(device, copies)
 
     def put_back(mod, args, kwargs, output):
-        for owner, name, buffer in displaced:
-            owner._buffers[name] = buffer
-        displaced.clear()
+        lent.leave()
 
     return [module.register_forward_pre_hook(swap_in, with_kwargs=True),
             module.register_forward_hook(put_back, with_kwargs=True, always_call=True)]

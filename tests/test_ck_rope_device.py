@@ -8,6 +8,7 @@ CPU, the only device here that holds data.
 import functools
 import logging
 import sys
+import threading
 
 import comfy_kitchen
 import pytest
@@ -54,6 +55,8 @@ def call_inputs(name, place):
 
 @pytest.fixture
 def restore_kitchen():
+    """The fix not installed (so nothing logged yet, whatever ran before) and kitchen's functions put back after."""
+    FIX.uninstall()
     originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
     yield
     FIX.uninstall()
@@ -149,6 +152,45 @@ def test_install_wraps_every_rope_function_once_and_uninstall_restores_them(rest
     assert all(getattr(comfy_kitchen, name) is originals[name] for name in ROPE_NAMES)
 
 
+class NameThatWaits(str):
+    """A function name whose hashing, the first step of looking a move up among those logged, waits until two threads
+    hash it (or 0.5 s passed, when one waits for the other elsewhere): two first moves then look at once."""
+
+    def __new__(cls, name, both_looking: threading.Barrier):
+        named = super().__new__(cls, name)
+        named.both_looking = both_looking
+        return named
+
+    def __hash__(self):
+        try:
+            self.both_looking.wait(0.5)
+        except threading.BrokenBarrierError:
+            pass
+        return str.__hash__(self)
+
+
+def test_two_threads_making_the_same_first_move_log_it_once(restore_kitchen, caplog):
+    name = "rms_rope_split_half"
+    kernel = getattr(comfy_kitchen, name)
+
+    @functools.wraps(kernel)
+    def does_nothing(*args, **kwargs):
+        return None
+
+    does_nothing.__name__ = NameThatWaits(name, threading.Barrier(2))
+    setattr(comfy_kitchen, name, does_nothing)
+    FIX.install()
+    caplog.set_level(logging.INFO, logger="minimax_hotfix")
+    q, k, table, scale = rope_inputs(lambda t: t.to("meta"))  # the scale left on the CPU
+    threads = [threading.Thread(target=getattr(comfy_kitchen, name), args=(q, k, table, scale), kwargs={"rot_dim": 32})
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert caplog.text.count(f"moved q_scale from cpu to meta for comfy_kitchen.{name} ") == 1
+
+
 def test_off_switch_keeps_kitchen_untouched(restore_kitchen, monkeypatch):
     originals = {name: getattr(comfy_kitchen, name) for name in ROPE_NAMES}
     monkeypatch.setenv(pack_registry.DISABLE_ENV, FIX.id)
@@ -158,13 +200,6 @@ def test_off_switch_keeps_kitchen_untouched(restore_kitchen, monkeypatch):
         assert all(getattr(comfy_kitchen, name) is originals[name] for name in ROPE_NAMES)
     finally:
         pack_registry.uninstall_process_fixes()
-
-
-@pytest.fixture
-def fresh_detection():
-    pack_registry.forget_detection()
-    yield
-    pack_registry.forget_detection()
 
 
 def test_detects_the_bug_in_this_kitchen(fresh_detection):

@@ -16,12 +16,14 @@ from minimax_hotfix import registry as pack_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "nodes", "registry", "patches", "kernels", "diagnostics")
-# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and the kernel one of
-# them runs at once (transformers_static_cache's waits for transformers' generation code).
+# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and the kernels two of
+# them run at once (transformers_static_cache's waits for transformers' generation code).
 STARTUP_MODULES = ["__init__.py", "api.py", "kernels/__init__.py", "kernels/ck_rope_device.py",
-                   "nodes/__init__.py", "nodes/swap_route.py",
-                   "patches/__init__.py", "patches/ck_rope_device.py", "patches/transformers_static_cache.py",
-                   "registry/__init__.py", "registry/contract.py", "registry/on_import.py"]
+                   "kernels/cpu_device_cuda_query.py", "nodes/__init__.py", "nodes/known_error_route.py",
+                   "nodes/swap_route.py",
+                   "patches/__init__.py", "patches/ck_rope_device.py", "patches/cpu_device_cuda_query.py",
+                   "patches/transformers_static_cache.py", "registry/__init__.py", "registry/comfy.py",
+                   "registry/contract.py", "registry/on_import.py"]
 # The fixes that load after start-up, with the first model or the status table: every fix but the process-wide ones
 # and transformers_qwen3vl_pos_embed, which loads with the first public call (LOAD makes it before the table is asked).
 PER_MODEL_FIXES = [name for name in pack_registry.fix_module_names()
@@ -93,7 +95,7 @@ def test_a_fix_file_raising_at_import_leaves_the_pack_loading_and_the_public_att
            "purpose)" in log
 
 
-@pytest.mark.parametrize("fix_id", ["ck_rope_device", "transformers_static_cache"])
+@pytest.mark.parametrize("fix_id", ["ck_rope_device", "cpu_device_cuda_query", "transformers_static_cache"])
 def test_a_process_wide_fix_file_raising_at_start_up_leaves_the_pack_loading(comfyui, tmp_path, fix_id):
     """The process-wide fixes are the fix files ComfyUI's start-up imports; one of them broken is left off alone."""
     pack = copy_of_the_pack(tmp_path)

@@ -1,6 +1,7 @@
 """The doctor prints the environment and every fix, and its exit code follows the self-tests; tools/doctor.py's
 options, its JSON document against docs/doctor.schema.json, and its one-line errors."""
 
+import io
 import json
 import os
 import subprocess
@@ -13,6 +14,8 @@ from nested_pytest import pytest_command
 
 from minimax_hotfix.diagnostics.report import run_doctor
 from minimax_hotfix.registry.contract import Check, Fix, State, Status
+
+pytestmark = pytest.mark.usefixtures("fresh_detection")  # the fixes under test are on, whatever the off switch says
 
 
 class SelfTestedFix(Fix):
@@ -189,7 +192,9 @@ def test_every_doctor_message_is_in_the_readme_troubleshooting():
                     "self-test step(s) failed", "FAIL  self-test raised", "(not run here:",
                     "module failed to import: ", "fix left off", "failed to import and is left off",
                     "switched off by MINIMAX_HOTFIX_DISABLE", "MINIMAX_HOTFIX_DISABLE names no known fix",
-                    "not loaded (set COMFYUI_PATH to check a ComfyUI checkout)"):
+                    "not loaded (set COMFYUI_PATH to check a ComfyUI checkout)",
+                    "doctor: error: no MiniMax Hotfix fix is known for this error",
+                    "repair errors with this message; pass the whole traceback"):
         assert message in troubleshooting(), message
 
 
@@ -229,6 +234,39 @@ def test_an_unknown_fix_id_lists_the_known_ones(registry, capsys):
     code, out, err = run_main(capsys, "--fix", "test_self_test")
     assert (code, out) == (2, "")
     assert err == "doctor: error: unknown fix id 'test_self_test'; known ids: test_self_tested\n"
+
+
+class VaeFix(SelfTestedFix):
+    id = "vae_qk_norm_scale"
+
+
+VAE_TRACEBACK = """Traceback (most recent call last):
+  File "C:\\ComfyUI\\comfy\\ldm\\minimax\\vae.py", line 301, in forward
+    query, key = rms_rope(
+RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!
+"""
+
+
+def test_explain_names_the_fix_of_a_pasted_error_then_runs_it_alone(registry, capsys, monkeypatch):
+    registry(VaeFix(green_passes=True), FailingFix(green_passes=False))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(VAE_TRACEBACK))
+    code, out, _ = run_main(capsys, "--explain", "-")
+    assert code == 0 and out.startswith("vae_qk_norm_scale: MiniMax H3's video VAE was loaded partly")
+    assert "self-test vae_qk_norm_scale:" in out and "test_failing" not in out
+    code, out, err = run_main(capsys, "--explain", VAE_TRACEBACK, "--json")
+    assert code == 0 and json.loads(out)["fixes"][0]["id"] == "vae_qk_norm_scale"
+    assert err.startswith("vae_qk_norm_scale: ")
+
+
+@pytest.mark.parametrize("text,says", [
+    ("RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!",
+     "doctor: error: fixes ck_rope_device, transformers_qwen3vl_pos_embed, transformers_static_cache, "
+     "vae_qk_norm_scale repair errors with this message; pass the whole traceback"),
+    ("torch.OutOfMemoryError: CUDA out of memory.", "doctor: error: no MiniMax Hotfix fix is known for this error"),
+])
+def test_explain_says_when_an_error_names_no_single_fix(capsys, text, says):
+    code, out, err = run_main(capsys, "--explain", text)
+    assert (code, out) == (2, "") and err.startswith(says) and err.count("\n") == 1
 
 
 def test_audit_calls_the_placement_audit(monkeypatch, capsys):

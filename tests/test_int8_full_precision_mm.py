@@ -529,7 +529,8 @@ def test_clone_carries_the_fix(core, int_mm):
     mlp(torch.randn(4, 256))
 
 
-def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(core, int_mm, registry, monkeypatch):
+def test_loaders_attach_it_to_model_and_clip_and_the_off_switch_keeps_it_off(core, int_mm, registry, fresh_detection,
+                                                                              monkeypatch):
     """The path the pack's loaders and Apply nodes take (pack_registry.attach_fixes), for a DiT-like MODEL and a text
     encoder-like CLIP patcher; MINIMAX_HOTFIX_DISABLE leaves the stock behaviour."""
     from minimax_hotfix import registry as pack_registry

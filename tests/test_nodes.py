@@ -1,6 +1,8 @@
 """The pack loaded the way ComfyUI loads a custom node folder (needs COMFYUI_PATH)."""
 
 import asyncio
+import copy
+import json
 import logging
 import sys
 import types
@@ -56,13 +58,77 @@ def test_every_node_registers(comfy_nodes):
     assert all(comfy_nodes.NODE_DISPLAY_NAME_MAPPINGS.get(node_id) for node_id in NODE_IDS)
 
 
+def without_tooltips(input_types: dict) -> list:
+    """Each input in order as (section, name, type, options other than its tooltip)."""
+    return [(section, name, entry[0], {key: value for key, value in (entry[1] if len(entry) > 1 else {}).items()
+                                       if key != "tooltip"})
+            for section, inputs in input_types.items() for name, entry in inputs.items()]
+
+
 @pytest.mark.parametrize("ours,stock", [(k, v) for k, v in NODE_IDS.items() if v])
 def test_loader_interface_equals_the_stock_loader(comfy_nodes, ours, stock):
     ours, stock = comfy_nodes.NODE_CLASS_MAPPINGS[ours], comfy_nodes.NODE_CLASS_MAPPINGS[stock]
-    assert ours.INPUT_TYPES() == stock.INPUT_TYPES()
+    assert without_tooltips(ours.INPUT_TYPES()) == without_tooltips(stock.INPUT_TYPES())
     for attribute in ("RETURN_TYPES", "FUNCTION", "OUTPUT_NODE"):
         assert getattr(ours, attribute, None) == getattr(stock, attribute, None), attribute
     assert ours.__mro__[1] is stock
+
+
+def test_a_loader_adds_its_tooltips_only_where_the_stock_loader_has_none(comfy_nodes, monkeypatch):
+    """A newer core's own tooltip is kept, and the stock loader's dicts are never changed."""
+    stock_inputs = {"required": {"clip_name": (["a.safetensors"], {"tooltip": "the core's own"}),
+                                 "type": (["minimax"],)},
+                    "optional": {"device": (["default", "cpu"], {"advanced": True})}}
+    untouched = copy.deepcopy(stock_inputs)
+    monkeypatch.setattr(comfy_nodes.CLIPLoader, "INPUT_TYPES", classmethod(lambda cls: stock_inputs))
+
+    ours = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixCLIPLoader"].INPUT_TYPES()
+    assert ours["required"]["clip_name"][1] == {"tooltip": "the core's own"}
+    assert ours["required"]["type"][1]["tooltip"].startswith("The kind of text encoder")
+    device_options = dict(ours["optional"]["device"][1])
+    assert device_options.pop("tooltip").startswith("Where the text encoder runs") and device_options == {"advanced": True}
+    assert stock_inputs == untouched
+
+
+@pytest.fixture(scope="module")
+def served_node_info(comfy_nodes, tmp_path_factory):
+    """``served_node_info(node_id)``: what ComfyUI's server answers the frontend's GET /object_info/<node_id>, from
+    its own handler (node_info) in this process: a PromptServer built, never started."""
+    import folder_paths
+    import server
+    from aiohttp.test_utils import make_mocked_request
+
+    earlier_server = vars(server.PromptServer).get("instance")  # set by the first PromptServer built in a process
+    user_directory = folder_paths.get_user_directory()
+    folder_paths.set_user_directory(str(tmp_path_factory.mktemp("user")))  # the server creates it: not in the checkout
+    loop = asyncio.new_event_loop()
+    try:
+        prompt_server = server.PromptServer(loop)
+    finally:
+        folder_paths.set_user_directory(user_directory)
+    (handler,) = [route.handler for route in prompt_server.routes
+                  if getattr(route, "method", None) == "GET" and route.path == "/object_info/{node_class}"]
+
+    def node_info(node_id: str) -> dict:
+        request = make_mocked_request("GET", f"/object_info/{node_id}", match_info={"node_class": node_id})
+        return json.loads(asyncio.run(handler(request)).body)[node_id]
+
+    yield node_info
+    loop.close()
+    if earlier_server is None:
+        del server.PromptServer.instance
+    else:
+        server.PromptServer.instance = earlier_server
+
+
+@pytest.mark.parametrize("node_id", NODE_IDS)
+def test_the_frontend_gets_search_aliases_and_a_tooltip_on_every_input(served_node_info, node_id):
+    info = served_node_info(node_id)
+    assert info["search_aliases"], f"{node_id} has no search aliases"
+    assert all(alias and alias.strip() == alias for alias in info["search_aliases"]), info["search_aliases"]
+    untipped = [name for section in ("required", "optional") for name, entry in info["input"].get(section, {}).items()
+                if not (len(entry) > 1 and entry[1].get("tooltip"))]
+    assert not untipped, f"inputs without a tooltip: {untipped}"
 
 
 def test_the_unet_loader_loads_like_stock_then_attaches(comfy_nodes, counting_fix, monkeypatch):

@@ -22,11 +22,7 @@ GRID = TINY_QWEN3VL_GRID
 pixels = tower_kit.tiny_pixels
 
 
-@pytest.fixture(autouse=True)
-def fresh_detection(comfyui):
-    pack_registry.forget_detection()
-    yield
-    pack_registry.forget_detection()
+pytestmark = pytest.mark.usefixtures("comfyui", "fresh_detection")
 
 
 def offloaded_tower(ops_name="manual_cast"):
@@ -155,6 +151,17 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
 def test_off_switch(monkeypatch):
     monkeypatch.setenv(pack_registry.DISABLE_ENV, fix.FIX.id)
     assert pack_registry.status(fix.FIX).state is pack_registry.State.DISABLED
+
+
+def test_a_call_on_the_weights_own_device_keeps_the_other_devices_table():
+    """One tower with CPU weights computing on meta and on the CPU (two jobs; stock ops cast the weights per call): the
+    CPU call needs no copy, and must not drop the meta table, which the next meta call would then send again."""
+    tower = tiny_qwen3vl_tower()
+    fix.hook_towers(tower)
+    tower(pixels().to("meta"), torch.tensor(GRID))
+    kept = fix.resident_tables(tower).resident_bytes()
+    tower(pixels(), torch.tensor(GRID))
+    assert kept > 0 and fix.resident_tables(tower).resident_bytes() == kept
 
 
 @pytest.mark.parametrize("layout", ["two towers", "one tower, two devices"])

@@ -24,11 +24,7 @@ IMAGES = {"512x512": (1, 32, 32), "768x768": (1, 48, 48), "1024x1024": (1, 64, 6
 CALLS = 3
 
 
-@pytest.fixture(autouse=True)
-def fresh_detection(comfyui):
-    pack_registry.forget_detection()
-    yield
-    pack_registry.forget_detection()
+pytestmark = pytest.mark.usefixtures("comfyui", "fresh_detection")
 
 
 def h3_tower(dtype=torch.float32):

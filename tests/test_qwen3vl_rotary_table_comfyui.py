@@ -23,11 +23,7 @@ GRID = TINY_QWEN3VL_GRID
 META = torch.device("meta")
 
 
-@pytest.fixture(autouse=True)
-def fresh_detection(comfyui):
-    pack_registry.forget_detection()
-    yield
-    pack_registry.forget_detection()
+pytestmark = pytest.mark.usefixtures("comfyui", "fresh_detection")
 
 
 def loaded_through_comfyui(budget_bytes: int):

@@ -26,6 +26,7 @@ import torch
 from counting_fix import CountingFix
 from patchers import ComfyBackend, StandInBackend
 from random_state import COVERED_PATHS, changed_generators, random_state, seed_everything, seeded_draws
+from registry_state import forget_detection
 from torch import nn
 
 from minimax_hotfix import registry as pack_registry
@@ -141,7 +142,7 @@ def test_status_table_keeps_the_random_state(request):
         request.getfixturevalue("comfyui")
         from minimax_hotfix.nodes import NODE_CLASS_MAPPINGS
 
-        pack_registry.forget_detection()
+        forget_detection(pack_registry)
         node = NODE_CLASS_MAPPINGS["MiniMaxHotfixStatus"]()
         keeps_random_state(every, "the real MiniMaxHotfixStatus node (fresh detection)", node.report)
 
@@ -212,8 +213,8 @@ def test_rope_first_wrapped_call_keeps_the_random_state():
     from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 
     fix = ck_rope_device.FIX
+    fix.uninstall()  # a fresh installation: its first move is logged
     fix.install()
-    fix._logged.clear()
     def first_call():
         with fake_cuda_mode() as mode, real_kitchen_routing():
             q, k, table, scale = rope_inputs(lambda t: on_fake_cuda(mode, t))

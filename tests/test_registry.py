@@ -13,6 +13,8 @@ from minimax_hotfix import patches
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.registry.contract import State, Status
 
+pytestmark = pytest.mark.usefixtures("fresh_detection")  # the guarantees hold for fixes the off switch leaves on
+
 
 @pytest.fixture(params=["stand-in", "comfyui"])
 def backend(request):

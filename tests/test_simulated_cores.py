@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NEEDED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "needed", "fixed upstream", "not applicable", "not affected"
 # what every fix must report on 0.33.0, and where a newer core differs from it
-ON_0_33_0 = {"ck_rope_device": NEEDED, "transformers_qwen3vl_pos_embed": NEEDED, "transformers_static_cache": FIXED,
-             "music3_graph_capture": NEEDED, "qwen3vl_pos_embed": NEEDED, "qwen3vl_rotary_table": NEEDED,
-             "int8_full_precision_mm": NEEDED, "music3_graph_buffers": NOT_AFFECTED,
+ON_0_33_0 = {"ck_rope_device": NEEDED, "cpu_device_cuda_query": NEEDED, "transformers_qwen3vl_pos_embed": NEEDED,
+             "transformers_static_cache": FIXED, "music3_graph_capture": NEEDED, "qwen3vl_pos_embed": NEEDED,
+             "qwen3vl_rotary_table": NEEDED, "int8_full_precision_mm": NEEDED, "music3_graph_buffers": NOT_AFFECTED,
              "vae_qk_norm_scale": NOT_APPLICABLE}
 STATUS = {
     "0.33.0": ON_0_33_0,
@@ -53,6 +53,12 @@ QWEN3VL_TESTS = "tests/test_qwen3vl_pos_embed_comfyui.py"
 INT8_VAE_TESTS = "tests/test_int8_vae.py"
 ROTARY_TESTS = "tests/test_qwen3vl_rotary_table_comfyui.py"
 AUDIT_TESTS = "tests/test_placement_audit.py"
+CPU_QUERY_TESTS = "tests/test_cpu_device_cuda_query.py"
+# cpu_device_cuda_query where CLIP.generate's quantization queries exist (its ops.py): the Music 3 path, and
+# use_quantized_matmul called as the 0.39 era's sd.py calls it (that sd.py is not overlaid)
+CPU_QUERY_MUST_PASS = ["test_red_music3_text_encode_with_the_fix_off",
+                       "test_green_music3_text_encode_equals_an_all_cpu_run",
+                       "test_use_quantized_matmul_of_newer_cores_red_then_green"]
 MUSIC3_MUST_PASS = [
     "test_detection_follows_the_code_of_this_checkout",
     "test_noise_without_the_pack_where_the_core_has_the_bug",
@@ -101,7 +107,8 @@ CORE_TESTS = {
     # (INT8_KINDS) and so is its use of _full_precision_mm.
     "0.39 era": ([VAE_TESTS, f"{INT8_VAE_TESTS}::test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
                   f"{INT8_VAE_TESTS}::test_status_per_model_kind_follows_the_running_core", QWEN3VL_TESTS,
-                  ROTARY_TESTS, MUSIC3_TESTS, AUDIT_TESTS], [
+                  ROTARY_TESTS, MUSIC3_TESTS, AUDIT_TESTS,
+                  *(f"{CPU_QUERY_TESTS}::{test}" for test in CPU_QUERY_MUST_PASS)], [
         "test_detection_on_the_running_comfyui",
         "test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it",
         "test_nothing_is_attached_where_the_core_dequantizes_the_layers_itself",
@@ -111,7 +118,8 @@ CORE_TESTS = {
         "test_attaches_through_the_model_patcher_and_survives_clone",
         "test_partial_load_through_the_model_patcher[green: with the fix]",
         *MUSIC3_MUST_PASS,
-        *AUDIT_MUST_PASS]),
+        *AUDIT_MUST_PASS,
+        *CPU_QUERY_MUST_PASS]),
 }
 
 # (core, fix id, its green test, what the failure shows with the fix switched off)
@@ -141,6 +149,8 @@ SWITCHED_OFF = [
      f"{ROTARY_TESTS}::test_partial_load_through_the_model_patcher[green: with the fix]", "{'cpu'} == {'meta'}"),
     ("0.39 era", "qwen3vl_pos_embed",
      f"{QWEN3VL_TESTS}::test_attaches_through_the_model_patcher_and_survives_clone", "'cpu'"),
+    ("0.39 era", "cpu_device_cuda_query", f"{CPU_QUERY_TESTS}::test_use_quantized_matmul_of_newer_cores_red_then_green",
+     "ValueError: Expected a cuda device, but got: cpu"),
 ]
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(),

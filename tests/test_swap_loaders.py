@@ -520,3 +520,115 @@ def test_only_one_node_is_swapped_when_asked():
     assert len(changes.inserted) == 3 and not changes.swapped
     with pytest.raises(swap_loaders.WorkflowError, match="no node 5 in graph sub"):
         swap_loaders.swap(workflow, only={"graph": "sub", "node": 5})
+
+
+# ---- what ComfyUI's frontend opens (issue 31) ----
+# Each workflow here passes the workflow schema of the frontend ComfyUI 0.33.0 pins (comfyui-frontend-package 1.49.6,
+# src/platform/workflow/validation/schemas/workflowSchema.ts; the line of each rule is named), so the swap must take
+# it, and the reverse must give it back exactly. tests/test_swap_loaders_fuzz.py draws many more from the schema.
+
+FRONTEND_WORKFLOWS = Path(__file__).with_name("frontend_workflows")
+
+
+def test_a_widget_input_typed_by_its_option_list_is_swapped_and_reversed_exactly(tmp_path):
+    """The issue's workflow: VHS_VideoCombine's ``format`` input carries its options as its type (zDataType, line 39:
+    a string, a list of strings or a number) and its widget values are an object (zWidgetValues, line 213). The tool
+    refused it: ``node 133: "inputs"[7].type is a list, expected a string``."""
+    source, swapped, back = tmp_path / "vhs.json", tmp_path / "swapped.json", tmp_path / "back.json"
+    shutil.copy(FRONTEND_WORKFLOWS / "vhs_video_combine_format_list.json", source)
+    result = _run(source, "-o", swapped)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == f"swap_loaders: {source}: 1 x VAELoader -> MiniMaxHotfixVAELoader; wrote {swapped}\n"
+    original_nodes, swapped_nodes = json.loads(source.read_text())["nodes"], json.loads(swapped.read_text())["nodes"]
+    assert swapped_nodes[1:] == original_nodes[1:], "VAEDecode and VHS_VideoCombine are left as they are"
+    assert _run(swapped, "--reverse", "-o", back).returncode == 0
+    assert back.read_bytes() == source.read_bytes()
+
+
+def _frontend_node(node_id, node_type, inputs=(), outputs=(), **fields):
+    """A node with every key the schema requires of one (zComfyNode, line 215)."""
+    return {"id": node_id, "type": node_type, "pos": [100, 0], "size": [300, 80], "flags": {}, "order": 0, "mode": 0,
+            "inputs": list(inputs), "outputs": list(outputs), "properties": _core(node_type), "widgets_values": [],
+            **fields}
+
+
+def _frontend_workflow(nodes, links, **fields):
+    """Schema 0.4 (zComfyWorkflow, line 328): links as arrays, the id counters at the top level."""
+    return {"last_node_id": 3, "last_link_id": 2, "nodes": nodes, "links": links, "groups": [], "config": {},
+            "extra": {}, "version": 0.4, **fields}
+
+
+def _gguf_to_encoder(loader_id=1, encoder_id=2, link_id=1, origin_slot=0, target_slot=0, **loader_fields):
+    """CLIPLoaderGGUF feeding CLIPTextEncode: the swap inserts MiniMaxHotfixApplyCLIP between them."""
+    return [_frontend_node(loader_id, "CLIPLoaderGGUF", outputs=[{"name": "CLIP", "type": "CLIP", "links": [link_id]}],
+                           **loader_fields),
+            _frontend_node(encoder_id, "CLIPTextEncode", inputs=[{"name": "clip", "type": "CLIP", "link": link_id}])], \
+        [[link_id, loader_id, origin_slot, encoder_id, target_slot, "CLIP"]]
+
+
+OPTIONS = ["a.safetensors", "b.safetensors"]
+GROUP_NODE_VAE = {key: value for key, value in _frontend_node(0, "VAELoader", index=1).items() if key != "id"}
+FRONTEND_CASES = [  # (name, workflow, the swap's summary, fields of the inserted Apply node)
+    ("a converted combo and its link typed by the options (zDataType, line 39)", _frontend_workflow([
+        _frontend_node(1, "PrimitiveNode", outputs=[{"name": "COMBO", "type": OPTIONS, "links": [1],
+                                                     "widget": {"name": "ckpt_name"}}]),
+        _frontend_node(2, "CheckpointLoaderSimple", inputs=[{"name": "ckpt_name", "type": OPTIONS, "link": 1,
+                                                             "widget": {"name": "ckpt_name"}}],
+                       outputs=[{"name": "MODEL", "type": "MODEL", "links": [2]}]),
+        _frontend_node(3, "KSampler", inputs=[{"name": "model", "type": "MODEL", "link": 2}])],
+        [[1, 1, 0, 2, 0, OPTIONS], [2, 2, 0, 3, 0, "MODEL"]]),
+     "inserted MiniMaxHotfixApplyModel after CheckpointLoaderSimple (node 2)", {"id": 4}),
+    ("comma-joined and numeric types (zDataType, line 39)", _frontend_workflow([
+        _frontend_node(1, "VAELoader", outputs=[{"name": "VAE", "type": "VAE", "links": None}]),
+        _frontend_node(2, "ImageBlend", inputs=[{"name": "image", "type": "IMAGE,MASK", "link": None},
+                                                {"name": "legacy", "type": 3, "link": None}])], []),
+     "1 x VAELoader -> MiniMaxHotfixVAELoader", None),
+    ("slot numbers as strings (zSlotIndex, line 26)", _frontend_workflow(*_gguf_to_encoder(
+        origin_slot="0", target_slot="0")), "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 1)",
+     {"id": 4, "properties": {"cnr_id": "minimax-hotfix", "ver": swap_loaders.VERSION,
+                              "Node name for S&R": "MiniMaxHotfixApplyCLIP", INSERTED_KEY: {
+                                  "after": [1, 0], "counters": {"root": [3, 2]}, "origins": {"1": [1, "0"]}}}}),
+    ("a node id written 4.0 and fractional link ids (zNodeId, line 15; zComfyLink, line 68)", _frontend_workflow(
+        *_gguf_to_encoder(loader_id=4.0, link_id=2.5), last_node_id=4, last_link_id=2.5),
+     "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 4.0)", {"id": 5, "inputs": [
+         {"localized_name": "clip", "name": "clip", "type": "CLIP", "link": 3}]}),
+    ("node ids and last_node_id as strings (zNodeId, line 15; last_node_id, line 332)", _frontend_workflow(
+        *_gguf_to_encoder(loader_id="1", encoder_id="2"), last_node_id="12"),
+     "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 1)", {"id": 13}),
+    ("null where the schema allows it (lines 114, 123, 338, 339)", _frontend_workflow([
+        _frontend_node(1, "UNETLoader", outputs=[{"name": "MODEL", "type": "MODEL", "links": None}]),
+        _frontend_node(2, "KSampler", inputs=[{"name": "model", "type": "MODEL", "link": None}])], [],
+        config=None, extra=None), "1 x UNETLoader -> MiniMaxHotfixUNETLoader", None),
+    ("keys the schema does not name (.passthrough())", _frontend_workflow(
+        *_gguf_to_encoder(title="Text encoder", shape=1, color="#322"), ds_note="x",
+        extra={"ds": {"scale": 1.2, "offset": [5, 5]}, "VHS_latentpreview": False}),
+     "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 1)", {"id": 4}),
+    ("a legacy group node's inner node without a type (groupNode.ts, lines 69 and 777)", _frontend_workflow(
+        [_frontend_node(1, "workflow>loaders")], [], extra={"groupNodes": {"loaders": {
+            "nodes": [{"index": 0, "pos": [0, 0], "size": [300, 80], "flags": {}, "order": 0, "mode": 0,
+                       "properties": {}}, GROUP_NODE_VAE], "links": [], "external": []}}}),
+     "1 x VAELoader -> MiniMaxHotfixVAELoader", None),
+    ("positions and the canvas offset as {\"0\", \"1\"} objects (zVector2, line 41; zDS, line 270)",
+     _frontend_workflow(*_gguf_to_encoder(pos={"0": 100, "1": 50}, size={"0": 300, "1": 80}),
+                        extra={"ds": {"scale": 1, "offset": {"0": -20, "1": 10}}}),
+     "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 1)", {"pos": [430, 50]}),
+    ("schema 1: links as objects, the counters in state (zComfyWorkflow1, line 380)", {
+        "version": 1, "state": {"lastGroupId": 0, "lastNodeId": 2, "lastLinkId": 1, "lastRerouteId": 0},
+        "nodes": _gguf_to_encoder()[0], "links": [{"id": 1, "origin_id": 1, "origin_slot": 0, "target_id": 2,
+                                                   "target_slot": 0, "type": "CLIP", "parentId": 3}],
+        "reroutes": [{"id": 3, "pos": [200, 0], "linkIds": [1]}], "extra": {}},
+     "inserted MiniMaxHotfixApplyCLIP after CLIPLoaderGGUF (node 1)", {"id": 3}),
+]
+
+
+@pytest.mark.parametrize("name,doc,summary,apply_fields", FRONTEND_CASES, ids=[case[0] for case in FRONTEND_CASES])
+def test_what_the_frontend_opens_is_swapped_and_reversed_exactly(name, doc, summary, apply_fields):
+    swapped = copy.deepcopy(doc)
+    changes = swap_loaders.swap(swapped)
+    assert changes.summary(reverse=False) == summary
+    if apply_fields:
+        ((apply, _),) = changes.inserted
+        assert {key: apply[key] for key in apply_fields} == apply_fields
+    swap_loaders.validate(swapped)
+    swap_loaders.swap(swapped, reverse=True)
+    assert json.dumps(swapped) == json.dumps(doc)

@@ -4,7 +4,8 @@ marks, go through the command line (in this process through ``main()``, and a sa
 swaps, or exits 1 with exactly one line ``swap_loaders: error: <file>: ...``, the message ``validate`` gives the
 library for the same document; the input is never changed, no output or temporary file is left after an error.
 Every failing example the fuzzing found is kept in ``FOUND``; a red control shows the fuzz fails when one
-validation check is removed. The swap tool's writes also run with the POSIX-only ``os`` names removed, as on
+validation check is removed. The other direction: every workflow drawn from the frontend's own workflow schema is
+swapped (or has nothing to change), and the reverse gives back the same document and the same bytes. The swap tool's writes also run with the POSIX-only ``os`` names removed, as on
 Windows, and no code the pack runs calls one unguarded."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from workflow_fuzzing import (
     PACK_ROOT,
     examples,
     file_bytes,
+    frontend_workflows,
     layouts,
     swap_loaders,
     ui_seeds,
@@ -38,6 +40,7 @@ from workflow_fuzzing import (
 TOOL = PACK_ROOT / "tools" / "swap_loaders.py"
 CLI_EXAMPLES = examples(1500)
 SUBPROCESS_EXAMPLES = examples(60)
+FRONTEND_EXAMPLES = examples(100)
 
 
 def expected_error(source: Path, reverse: bool):
@@ -118,6 +121,30 @@ def test_red_control_the_fuzz_fails_when_one_check_is_removed(monkeypatch):
     assert not isinstance(failure.value, swap_loaders.WorkflowError)
 
 
+@without_comfyui_only
+@settings(max_examples=FRONTEND_EXAMPLES)
+@given(doc=frontend_workflows(), layout=layouts())
+def test_every_workflow_the_frontend_accepts_is_swapped_and_reversed_exactly(doc, layout):
+    """Issue 31: the tool refused workflows ComfyUI's frontend opens. Drawn from the frontend's schema (see
+    workflow_fuzzing.frontend_workflows), each is swapped, and the reverse gives the same document, key order
+    included, and through the command line the same bytes."""
+    swapped = copy.deepcopy(doc)
+    changes = swap_loaders.swap(swapped)  # a WorkflowError fails the test with the tool's message
+    back = copy.deepcopy(swapped)
+    swap_loaders.swap(back, reverse=True)
+    assert json.dumps(back) == json.dumps(doc)
+    with tempfile.TemporaryDirectory() as folder:
+        source, output, restored = (Path(folder, name) for name in ("workflow.json", "swapped.json", "back.json"))
+        source.write_bytes(file_bytes(doc, layout))
+        code, stderr = in_process([str(source), "-o", str(output)])
+        assert code == 0, stderr
+        if not changes:
+            assert not output.exists()
+            return
+        assert in_process([str(output), "--reverse", "-o", str(restored)])[0] == 0
+        assert restored.read_bytes() == source.read_bytes()
+
+
 DEEP = '{"nodes": [], "links": [], "extra": ' + "[" * 5000 + "]" * 5000 + "}"
 LOADER = {"id": 1, "type": "CLIPLoaderGGUF", "outputs": [{"type": "CLIP", "links": [1]}]}
 USER = {"id": 2, "type": "CLIPTextEncode", "inputs": [{"type": "CLIP", "link": 1}]}
@@ -148,7 +175,7 @@ FOUND = [  # a traceback each before: one case per class the fuzz property found
      'malformed UI workflow: node 3: "properties.minimax_hotfix_inserted" is a number, expected an object'),
     ("output type an object", {"nodes": [{"id": 1, "type": "CLIPLoaderGGUF",
                                           "outputs": [{"type": {"a": 1}, "links": [1]}]}]}, False,
-     'malformed UI workflow: node 1: "outputs"[0].type is an object, expected a string'),
+     'malformed UI workflow: node 1: "outputs"[0].type is an object, expected a string, a list of strings or a number'),
     ("link null", {"nodes": [{"id": 1, "type": "VAELoader"}], "links": [None]}, False,
      "malformed UI workflow: links[0]: the link is null, expected a list or an object"),
     ("link cut short", {"nodes": [LOADER, USER], "links": [[1, 1, 0]]}, False,
@@ -169,10 +196,10 @@ FOUND = [  # a traceback each before: one case per class the fuzz property found
      'malformed UI workflow: subgraph s: "nodes" is null, expected a list'),
     ("group nodes a list", {"nodes": [], "extra": {"groupNodes": {"g": {"nodes": 5}}}}, False,
      'malformed UI workflow: group node g: "nodes" is a number, expected a list'),
-    ("input type a list", {"nodes": [{**USER, "inputs": [{"type": ["CLIP"], "link": 1}]}]}, False,
-     'malformed UI workflow: node 2: "inputs"[0].type is a list, expected a string'),
-    ("marker counters of strings", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP", "properties": {
-        swap_loaders.INSERTED_KEY: {"after": [1, 0], "counters": {"root": ["a", 1]}}}}]}, True,
+    ("input type an object", {"nodes": [{**USER, "inputs": [{"type": {"a": 1}, "link": 1}]}]}, False,
+     'malformed UI workflow: node 2: "inputs"[0].type is an object, expected a string, a list of strings or a number'),
+    ("marker counters of lists", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP", "properties": {
+        swap_loaders.INSERTED_KEY: {"after": [1, 0], "counters": {"root": [[1], 1]}}}}]}, True,
      ('malformed UI workflow: node 3: "properties.minimax_hotfix_inserted.counters.root" is a list, expected '
       "[last node id, last link id]")),
     ("not UTF-8", b'{"nodes": [], "x": "\xff"}', False, None),
@@ -193,6 +220,12 @@ SWAPS_NOW = [  # a traceback before (or, for links null, with the validator firs
     ("links null (found by the fuzz)", {"nodes": [LOADER, USER], "links": None}, False),
     ("Apply node without outputs", {"nodes": [{"id": 3, "type": "MiniMaxHotfixApplyCLIP", "outputs": [], "properties": {
         swap_loaders.INSERTED_KEY: {"after": [1, 4]}}}, LOADER]}, True),
+    # Refused until issue 31: what the frontend's workflow schema takes
+    ("input type a list (options as the type)", {"nodes": [{**USER, "inputs": [{"type": ["CLIP"], "link": 1}]}]},
+     False),
+    ("marker counters of strings (reverse; last_node_id is a node id)", {"nodes": [{
+        "id": 3, "type": "MiniMaxHotfixApplyCLIP", "properties": {
+            swap_loaders.INSERTED_KEY: {"after": [1, 0], "counters": {"root": ["a", 1]}}}}]}, True),
 ]
 
 

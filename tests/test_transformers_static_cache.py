@@ -35,7 +35,8 @@ from minimax_hotfix.patches import transformers_static_cache as shim
 from minimax_hotfix.registry.contract import State
 from minimax_hotfix.registry.status_table import status_rows
 
-pytestmark = pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning")  # host inputs on purpose
+pytestmark = [pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning"),  # host inputs on purpose
+              pytest.mark.usefixtures("fresh_detection")]
 
 ROOT = Path(__file__).resolve().parents[1]
 AFFECTED = "5.19"
@@ -215,7 +216,6 @@ def test_install_is_lazy_and_reversible():
 @latest_only
 def test_latest_version_gets_no_guard_at_pack_load(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
-    pack_registry.forget_detection()
     assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
     assert shim._verdict is None  # decided without importing or probing transformers
 
@@ -341,7 +341,6 @@ def test_affected_probe_finds_both_bugs():
 @affected_only
 def test_affected_version_gets_the_guard_at_pack_load(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
-    pack_registry.forget_detection()
     found = pack_registry.status(shim.FIX)  # NEEDED is what makes the registry install it at pack load
     assert found.state is State.NEEDED and found.provisional
 
@@ -428,7 +427,6 @@ def test_affected_seeded_generate_red_with_a_probe_on_the_global_generator(monke
 @affected_only
 def test_affected_verdict_is_logged_once(installed, monkeypatch, caplog):
     monkeypatch.setattr(shim, "_verdict", None)
-    pack_registry.forget_detection()
     caplog.set_level("INFO", logger="minimax_hotfix")
     assert pack_registry.status(shim.FIX).provisional  # as at pack load
     tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)

@@ -8,6 +8,9 @@ loaded through a real ModelPatcher onto ``meta`` (the stand-in GPU: Python index
 "cuda" there) with a budget that leaves the buffer on the CPU.
 """
 
+import gc
+import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.kernels.resident_copies import ResidentCopies
 from minimax_hotfix.patches import vae_qk_norm_scale
-from minimax_hotfix.registry.contract import State
+from minimax_hotfix.registry.contract import State, remove_handles
 
 FIX = vae_qk_norm_scale.FIX
 
@@ -177,6 +180,102 @@ def test_the_loaders_buffer_is_put_back_when_forward_raises():
     assert module.qk_norm_scale is left_behind
 
 
+class PausesInside(torch.nn.Module):
+    """Returns its buffer's device at the start of the call and again after ``pause()``, which the test choreographs."""
+
+    def __init__(self, pause):
+        super().__init__()
+        self.register_buffer("qk_norm_scale", torch.ones(4), persistent=False)
+        self.pause = pause
+
+    def forward(self, x):
+        at_start = self.qk_norm_scale.device
+        self.pause()
+        return at_start, self.qk_norm_scale.device
+
+
+def buffer_devices_of_overlapping_calls(first_input, second_input):
+    """Two threads decode through one hooked module (buffer left on the CPU): the second call starts once the first is
+    inside forward, the first stays inside until the second is inside too (or, when the second has to wait for the
+    put-back, for 0.5 s), and the second looks at its buffer again only after the first call has returned. Returns
+    each call's (buffer device at its start, at its end) or its error, and whether the loader's buffer is back."""
+    first_inside, second_inside, first_returned = threading.Event(), threading.Event(), threading.Event()
+
+    def pause():
+        if threading.current_thread().name == "first":
+            first_inside.set()
+            second_inside.wait(0.5)
+        else:
+            second_inside.set()
+            first_returned.wait(5)
+
+    module = PausesInside(pause)
+    left_behind = module.qk_norm_scale
+    vae_qk_norm_scale.hook_decoders([module])
+    seen = {}
+
+    def call(name, x):
+        try:
+            seen[name] = tuple(str(device) for device in module(x))
+        except Exception as exc:  # noqa: BLE001 - a call failing is what the test reports
+            seen[name] = f"{type(exc).__name__}: {exc}"
+        if name == "first":
+            first_returned.set()
+
+    threads = {name: threading.Thread(target=call, args=(name, x), name=name)
+               for name, x in (("first", first_input), ("second", second_input))}
+    threads["first"].start()
+    assert first_inside.wait(5)
+    threads["second"].start()
+    for thread in threads.values():
+        thread.join(10)
+    return seen, module.qk_norm_scale is left_behind
+
+
+def test_two_overlapping_calls_on_one_device_keep_the_buffer_there_until_both_returned():
+    seen, put_back = buffer_devices_of_overlapping_calls(torch.zeros(4, device="meta"), torch.zeros(4, device="meta"))
+    assert seen == {"first": ("meta", "meta"), "second": ("meta", "meta")} and put_back
+
+
+def test_a_call_on_another_device_waits_until_the_buffer_is_put_back():
+    """One module, two devices at once (its weights cast per call, as ComfyUI's ops do for a partial load): each call
+    sees the buffer on its own device throughout."""
+    seen, put_back = buffer_devices_of_overlapping_calls(torch.zeros(4, device="meta"), torch.zeros(4))
+    assert seen == {"first": ("meta", "meta"), "second": ("cpu", "cpu")} and put_back
+
+
+def test_a_call_stopped_by_an_earlier_pre_hook_puts_nothing_back():
+    """torch runs the always-call post-hook even when a pre-hook registered before the fix's raises; the fix's
+    pre-hook never ran then, so that call must not count as one that leaves."""
+    module = Raises()
+    left_behind = module.qk_norm_scale
+
+    def refuses(mod, args):
+        raise ValueError("refused")
+
+    handle = module.register_forward_pre_hook(refuses)
+    vae_qk_norm_scale.hook_decoders([module])
+    with pytest.raises(ValueError, match="refused"):
+        module(torch.zeros(4, device="meta"))
+    handle.remove()
+    seen = []
+    module.forward = lambda x: seen.append(module.qk_norm_scale.device)
+    next_call = threading.Thread(target=module, args=(torch.zeros(4, device="meta"),))  # miscounted, it would wait
+    next_call.start()
+    next_call.join(5)
+    assert seen == [torch.device("meta")] and module.qk_norm_scale is left_behind
+
+
+def test_a_hooked_decoder_is_freed_once_unhooked():
+    module = Raises()
+    handles = vae_qk_norm_scale.hook_decoders([module])
+    module_ref = weakref.ref(module)
+    remove_handles(handles)
+    del module
+    gc.collect()
+    assert module_ref() is None
+
+
 def test_follows_comfyui_moving_and_restoring_the_buffer():
     """Dynamic VRAM moves every buffer to the GPU keeping a backup and may put the backup back later; the legacy loader
     leaves it behind. The hooks use whatever is there and copy a CPU buffer once per tensor version."""
@@ -221,10 +320,9 @@ def test_self_test_red_then_green():
     assert checks[0].name.startswith("red:") and all(check.passed for check in checks), checks
 
 
-def test_not_applicable_without_comfyui():
+def test_not_applicable_without_comfyui(fresh_detection):
     if vae_qk_norm_scale.comfy_module(vae_qk_norm_scale.VAE_MODULE) is not None:
         pytest.skip("ComfyUI is importable in this run; its detection is tested below")
-    pack_registry.forget_detection()
     assert pack_registry.status(FIX).state == State.NOT_APPLICABLE
 
 
@@ -239,8 +337,7 @@ def expected_state_from_source(path: Path) -> State:
     return State.FIXED_UPSTREAM
 
 
-def test_detection_on_the_running_comfyui(comfyui):
-    pack_registry.forget_detection()
+def test_detection_on_the_running_comfyui(comfyui, fresh_detection):
     expected = expected_state_from_source(Path(comfyui) / "comfy" / "ldm" / "minimax" / "vae.py")
     assert pack_registry.status(FIX).state == expected
 

@@ -4,10 +4,10 @@ Without ComfyUI (CI): every node type exists and every widget value fits its inp
 tests/workflow_node_specs.json, a snapshot of ComfyUI 0.33.0's /object_info for the node types the workflows (and
 the official templates that tests/test_official_templates_on_device.py runs) use (interfaces only); subgraphs are
 lowered as the frontend queues them (one template's and a nested case checked). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
-compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists and serves the workflows at
-/workflow_templates, and each workflow, converted to API format, passes /prompt validation except for the model
-files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined here
-(same inputs, validation only), so the GGUF workflow is validated without that pack.
+compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists the workflows at /workflow_templates and
+serves each with its thumbnail, and each workflow, converted to API format, passes /prompt validation except for the
+model files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined
+here (same inputs, validation only), so the GGUF workflow is validated without that pack.
 """
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ import json
 import os
 import re
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from hypothesis import given, settings
@@ -42,6 +45,7 @@ from workflow_api import (  # noqa: E402
 from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
+THUMBNAIL_MAX_BYTES = 30 * 1024
 MODEL_URL = "https://huggingface.co/Comfy-Org/"
 
 
@@ -153,6 +157,15 @@ def test_each_workflow_carries_a_note_on_its_fixes(path):
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_each_workflow_has_its_thumbnail(path):
+    """The template browser shows <name>.jpg beside <name>.json (the frontend asks for a JPEG for every custom-node
+    template); tools/template_thumbnails.py draws them."""
+    thumbnail = path.with_suffix(".jpg").read_bytes()
+    assert thumbnail.startswith(b"\xff\xd8\xff") and thumbnail.endswith(b"\xff\xd9"), "not a JPEG"
+    assert len(thumbnail) <= THUMBNAIL_MAX_BYTES
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_reverse_then_swap_gives_the_bundled_workflow_back(path):
     workflow = load(path)
     pack_ver = next(node["properties"]["ver"] for node in workflow["nodes"] if node["type"] in PACK_LOADERS)
@@ -255,14 +268,27 @@ def test_snapshot_matches_live_comfyui(comfy_server):
     assert not stale, f"{SPECS_FILE.name} differs from this ComfyUI for {stale}; MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it"
 
 
-def test_comfyui_lists_and_serves_the_workflows(comfy_server):
+def test_comfyui_lists_and_serves_the_workflows_and_their_thumbnails(comfy_server):
+    """At the addresses the frontend builds: /api/workflow_templates/<pack folder>/<name>.json and <name>.jpg."""
     url, _ = comfy_server
     status, body = http(url + "/workflow_templates")
     assert status == 200
-    assert sorted(json.loads(body)["minimax-hotfix"]) == [path.stem for path in WORKFLOWS]
+    assert sorted(json.loads(body)["minimax-hotfix"]) == sorted(path.stem for path in WORKFLOWS)
     for path in WORKFLOWS:
-        status, served = http(f"{url}/api/workflow_templates/minimax-hotfix/{path.name}")
+        status, served = http(f"{url}/api/workflow_templates/minimax-hotfix/{quote(path.name)}")
         assert status == 200 and served == path.read_bytes(), path.name
+        thumbnail = path.with_suffix(".jpg")
+        status, content_type, served = _get(f"{url}/api/workflow_templates/minimax-hotfix/{quote(thumbnail.name)}")
+        assert (status, content_type) == (200, "image/jpeg") and served == thumbnail.read_bytes(), thumbnail.name
+
+
+def _get(url: str) -> tuple[int, str, bytes]:
+    """(status, Content-Type, body) of a GET; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            return reply.status, reply.headers.get("Content-Type"), reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type"), exc.read()
 
 
 def assert_only_model_files_missing(url: str, object_info: dict, workflow: dict) -> None:

@@ -3,12 +3,13 @@
     python tools/doctor.py                 # everything; exit 1 if a self-test step fails
     python tools/doctor.py --json          # the same as one JSON document (docs/doctor.md)
     python tools/doctor.py --fix ID        # one fix's state and self-test
+    python tools/doctor.py --explain TEXT  # which fix repairs this error (- reads it from stdin), then as --fix
     python tools/doctor.py --audit FILE..  # the placement audit of model files
     python tools/doctor.py --version
 
 With COMFYUI_PATH set, the fixes are detected against that ComfyUI checkout (its requirements must be
 installed in the running Python). Exit codes: 0 all passed, 1 a self-test step failed, 2 the doctor could not run
-(bad arguments, no torch, an unusable COMFYUI_PATH, an unknown fix id, no placement audit).
+(bad arguments, no torch, an unusable COMFYUI_PATH, an unknown fix id or error, no placement audit).
 """
 
 import argparse
@@ -48,7 +49,11 @@ def parse_args(argv):
         epilog="exit codes: 0 all self-tests passed, 1 a self-test step failed, 2 the doctor could not run")
     parser.add_argument("--version", action="store_true", help="print the pack version (and git commit) and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text (docs/doctor.md)")
-    parser.add_argument("--fix", metavar="ID", help="only this fix's state and self-test")
+    one_fix = parser.add_mutually_exclusive_group()
+    one_fix.add_argument("--fix", metavar="ID", help="only this fix's state and self-test")
+    one_fix.add_argument("--explain", metavar="TEXT",
+                         help="which fix repairs this error (its message, better the whole traceback; - reads it "
+                              "from stdin), then that fix's state and self-test")
     parser.add_argument("--audit", nargs="*", metavar="FILE",
                         help="run the placement audit on these model files instead of the self-tests")
     return parser.parse_args(argv)
@@ -70,6 +75,23 @@ def select_fixes(fix_id):
     if fix_id.lower() not in fixes:
         raise DoctorError(f"unknown fix id {fix_id!r}; known ids: {', '.join(sorted(fixes))}")
     return [fixes[fix_id.lower()]]
+
+
+def explained_fix(text: str, out) -> str:
+    """The id of the fix that repairs the error in ``text`` (registry/known_errors.py, which the browser extension
+    and the README's troubleshooting share), after printing what went wrong to ``out``."""
+    from minimax_hotfix.registry.known_errors import KNOWN_ERRORS, known_error
+
+    entry = known_error(text, text)  # a pasted traceback holds the message too
+    if entry is None:
+        fixes = sorted({entry.fix for entry in KNOWN_ERRORS if any(message in text for message in entry.message)})
+        if len(fixes) > 1:
+            raise DoctorError(f"fixes {', '.join(fixes)} repair errors with this message; pass the whole traceback "
+                              "(ComfyUI's log, or the error's details in its browser UI) to tell which")
+        raise DoctorError("no MiniMax Hotfix fix is known for this error; if a MiniMax workflow shows it, report it "
+                          "with the output of python tools/doctor.py --json")
+    print(f"{entry.fix}: {entry.explanation} (README, Troubleshooting: \"{entry.readme}\")\n", file=out)
+    return entry.fix
 
 
 def run_audit(files, as_json: bool) -> int:
@@ -98,6 +120,9 @@ def run(args) -> int:
         raise DoctorError(str(exc)) from exc
     if args.audit is not None:
         return run_audit(args.audit, args.json)
+    if args.explain is not None:
+        text = sys.stdin.read() if args.explain == "-" else args.explain
+        args.fix = explained_fix(text, sys.stderr if args.json else sys.stdout)
     fixes = select_fixes(args.fix)
     from minimax_hotfix.diagnostics.report import doctor_report, run_doctor
 

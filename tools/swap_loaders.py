@@ -29,6 +29,7 @@ import argparse
 import collections
 import copy
 import json
+import math
 import os
 import re
 import stat
@@ -162,7 +163,25 @@ def json_type_name(value) -> str:
 
 
 def _is_id(value) -> bool:
-    return isinstance(value, (int, str)) and not isinstance(value, bool)
+    """A node or link id as ComfyUI's frontend takes it (its workflow schema, workflowSchema.ts: ``zNodeId`` is an
+    integer or a string, a link id any number); Python reads a JSON ``3.0`` as a float."""
+    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
+
+
+def _is_slot_number(value) -> bool:
+    """A link's origin or target slot: the frontend's ``zSlotIndex`` takes an integer or a string (parseInt). The
+    swap reads none, and keeps each as it was."""
+    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
+
+
+DATA_TYPE = "a string, a list of strings or a number"
+
+
+def _is_data_type(value) -> bool:
+    """A slot's or link's type: the frontend's ``zDataType`` is a string (``"MODEL"``, comma-joined ``"INT,FLOAT"``),
+    a list of strings (a widget input typed by its options, as VHS_VideoCombine's ``format``) or a number. Only an
+    object is no type at all; the swap compares types with ``==`` and hashes none."""
+    return not isinstance(value, dict)
 
 
 def _is_slot(value) -> bool:
@@ -207,44 +226,53 @@ def _check_ui_node(check: _Checker, node, prefix: str, index: int, in_group: boo
     if not in_group:  # a group node's nodes have an index instead
         check.require(_is_id(node.get("id")), where, '"id"', node.get("id"), "a number or a string")
         where = f"{prefix}node {node['id']}"
-    check.require(isinstance(node.get("type"), str), where, '"type"', node.get("type"), "a string")
+    # The frontend takes a group node's inner node without a type, and names it missing (groupNode.ts).
+    check.require(isinstance(node.get("type"), str) or (in_group and node.get("type") is None), where, '"type"',
+                  node.get("type"), "a string")
     properties = node.get("properties", {})
     check.require(isinstance(properties, dict), where, '"properties"', properties, "an object")
     original = properties.get(ORIGINAL_KEY)
     check.require(original is None or isinstance(original, dict), where, f'"properties.{ORIGINAL_KEY}"', original,
                   "an object or null")
     if reverse and INSERTED_KEY in properties:
-        _check_marker(check, properties[INSERTED_KEY], where, f'"properties.{INSERTED_KEY}"', with_counters=True)
+        _check_marker(check, properties[INSERTED_KEY], where, f'"properties.{INSERTED_KEY}"', ui=True)
     for slot_index, slot in enumerate(check.optional_list(node, "inputs", where)):
         at = f'"inputs"[{slot_index}]'
         check.require(isinstance(slot, dict), where, at, slot, "an object")
         check.require(slot.get("link") is None or _is_id(slot["link"]), where, f'{at}.link', slot.get("link"),
                       "a link id or null")
-        check.require(not isinstance(slot.get("type"), (dict, list)), where, f"{at}.type", slot.get("type"),
-                      "a string")
+        check.require(_is_data_type(slot.get("type")), where, f"{at}.type", slot.get("type"), DATA_TYPE)
     for slot_index, slot in enumerate(check.optional_list(node, "outputs", where)):
         at = f'"outputs"[{slot_index}]'
         check.require(isinstance(slot, dict), where, at, slot, "an object")
-        check.require(not isinstance(slot.get("type"), (dict, list)), where, f"{at}.type", slot.get("type"),
-                      "a string")
+        check.require(_is_data_type(slot.get("type")), where, f"{at}.type", slot.get("type"), DATA_TYPE)
         for link_index, link_id in enumerate(check.optional_list(slot, "links", f"{where}, {at}")):
             check.require(_is_id(link_id), where, f"{at}.links[{link_index}]", link_id, "a link id")
 
 
-def _check_marker(check: _Checker, marker, where: str, what: str, with_counters: bool) -> None:
-    """The inserted Apply node's marker: ``{"after": [node id, output slot], "counters": {name: [node, link]}}``."""
+def _check_marker(check: _Checker, marker, where: str, what: str, ui: bool) -> None:
+    """The inserted Apply node's marker: ``{"after": [node id, output slot]}``; in UI format also ``"counters":
+    {name: [last node id, last link id]}`` and, where the swap moved a link whose origin was written otherwise than
+    ``after`` says (a slot number as a string, say), ``"origins": {link id: [origin id, origin slot]}``."""
     check.require(isinstance(marker, dict), where, what, marker, "an object")
     after = marker.get("after")
     check.require(isinstance(after, list) and len(after) == 2 and _is_id(after[0]) and _is_slot(after[1]), where,
                   f"{what[:-1]}.after\"", after, "[node id, output slot]")
-    if not with_counters:
+    if not ui:
         return
     counters = marker.get("counters", {})
     check.require(isinstance(counters, dict), where, f'{what[:-1]}.counters"', counters, "an object")
     for name, pair in counters.items():
+        # As the counters were: the frontend's schema takes last_node_id as a node id, the others as any number.
         check.require(isinstance(pair, list) and len(pair) == 2 and all(
-            value is None or (isinstance(value, int) and not isinstance(value, bool)) for value in pair),
+            value is None or _is_id(value) for value in pair),
             where, f'{what[:-1]}.counters.{name}"', pair, "[last node id, last link id]")
+    origins = marker.get("origins", {})
+    check.require(isinstance(origins, dict), where, f'{what[:-1]}.origins"', origins, "an object")
+    for link_id, origin in origins.items():
+        check.require(isinstance(origin, list) and len(origin) == 2 and _is_id(origin[0])
+                      and _is_slot_number(origin[1]), where, f'{what[:-1]}.origins.{link_id}"', origin,
+                      "[origin id, origin slot]")
 
 
 def _check_ui_link(check: _Checker, link, where: str) -> None:
@@ -261,9 +289,8 @@ def _check_ui_link(check: _Checker, link, where: str) -> None:
     for name in ("id", "origin_id", "target_id"):
         check.require(_is_id(values[name]), where, f'"{name}"', values[name], "a number or a string")
     for name in ("origin_slot", "target_slot"):
-        check.require(isinstance(values[name], int) and not isinstance(values[name], bool), where, f'"{name}"',
-                      values[name], "a number")
-    check.require(not isinstance(values["type"], (dict, list)), where, '"type"', values["type"], "a string")
+        check.require(_is_slot_number(values[name]), where, f'"{name}"', values[name], "a number or a string")
+    check.require(_is_data_type(values["type"]), where, '"type"', values["type"], DATA_TYPE)
 
 
 def _check_ui(doc: dict, reverse: bool) -> None:
@@ -307,7 +334,7 @@ def _check_api(doc: dict, reverse: bool) -> None:
             check.require(node.get(key) is None or isinstance(node[key], dict), where, f'"{key}"', node.get(key),
                           "an object")
         if reverse and INSERTED_KEY in (node.get("_meta") or {}):
-            _check_marker(check, node["_meta"][INSERTED_KEY], where, f'"_meta.{INSERTED_KEY}"', with_counters=False)
+            _check_marker(check, node["_meta"][INSERTED_KEY], where, f'"_meta.{INSERTED_KEY}"', ui=False)
 
 
 def _check_only(only, workflow: str, reverse: bool) -> None:
@@ -344,9 +371,12 @@ def _graphs(graph: dict):
 
 
 def _group_nodes(doc: dict) -> list[dict]:
+    """The inner nodes of legacy group nodes, but those without a type: the frontend names them missing, and there
+    is nothing to swap in them."""
     extra = doc.get("extra")
     group_nodes = extra.get("groupNodes") if isinstance(extra, dict) else None
-    return [node for group in (group_nodes or {}).values() for node in group.get("nodes") or []]
+    return [node for group in (group_nodes or {}).values() for node in group.get("nodes") or []
+            if isinstance(node.get("type"), str)]
 
 
 def ui_nodes(doc: dict) -> list[dict]:
@@ -482,6 +512,12 @@ def _set_counter_values(doc: dict, values: dict) -> None:
 
 
 def _numeric(value) -> int:
+    """An id or id counter as the integer that new ids must come after; 0 where it is no number. The frontend keeps
+    nodes under their id as an object key, so the string "7" is node 7; a link id may be a fraction."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return math.floor(value)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
@@ -489,6 +525,21 @@ def _number(value) -> float:
     """A position or size coordinate; 0 for anything that is not a finite number."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf") \
         else 0
+
+
+def _vector(value) -> tuple:
+    """(x, y) of a position or size, 0 for what is missing: the frontend's schema (``zVector2``) takes a pair or an
+    object ``{"0": x, "1": y}``."""
+    if isinstance(value, dict):
+        value = [value.get("0"), value.get("1")]
+    if not isinstance(value, list):
+        return 0, 0
+    return tuple(_number(value[index]) if index < len(value) else 0 for index in (0, 1))
+
+
+def _same_json(first, second) -> bool:
+    """Equal as written: 0, 0.0, "0" and false differ here, unlike in ``==``."""
+    return json.dumps(first) == json.dumps(second)
 
 
 class _Ids:
@@ -524,6 +575,13 @@ def _subgraph_ids(doc: dict) -> set:
     return {graph.get("id") for graph in _graphs(doc) if graph is not doc}
 
 
+def _model_type(slot):
+    """The slot's type where it is one that gets an Apply node (MODEL, CLIP, VAE), else None: a list of options, a
+    comma-joined string or a number is none of them."""
+    io_type = slot.get("type") if isinstance(slot, dict) else None
+    return io_type if isinstance(io_type, str) and io_type in APPLY_NODE else None
+
+
 def _model_sources(graph: dict, subgraph_ids: set):
     """(node, output slot, io type) of each output that makes a new MODEL, CLIP or VAE: the node has no input of
     that type (LoRA, sampling and switch nodes pass one on), is no stock or pack node, no reroute, no subgraph."""
@@ -532,10 +590,10 @@ def _model_sources(graph: dict, subgraph_ids: set):
         if (node_type in STOCK_TO_PACK or node_type.startswith(RULES["pack_node_prefix"])
                 or node_type in RULES["pass_through_types"] or node_type in subgraph_ids):
             continue
-        input_types = {slot.get("type") for slot in node.get("inputs") or [] if isinstance(slot, dict)}
+        input_types = {_model_type(slot) for slot in node.get("inputs") or []}
         for slot, output in enumerate(node.get("outputs") or []):
-            io_type = output.get("type") if isinstance(output, dict) else None
-            if io_type in APPLY_NODE and io_type not in input_types:
+            io_type = _model_type(output)
+            if io_type and io_type not in input_types:
                 yield node, slot, io_type
 
 
@@ -559,29 +617,33 @@ def _insert_ui_apply_nodes(doc: dict, version: str, chosen) -> tuple[list, list]
             if not consumers:
                 continue  # unused, or every consumer already is the Apply node
             apply_id, in_link = ids.next_node(), ids.next_link()
+            origins = {}  # what the reverse cannot recompute from the marker's "after"
             for link_id in consumers:
+                origin = [links.get(by_id[link_id], "origin_id"), links.get(by_id[link_id], "origin_slot")]
+                if not _same_json(origin, [source["id"], slot]):
+                    origins[str(link_id)] = origin
                 links.set(by_id[link_id], "origin_id", apply_id)
                 links.set(by_id[link_id], "origin_slot", 0)
             kept = [link_id for link_id in output["links"] if link_id not in consumers]
             output["links"] = kept + [in_link]
             links.add(in_link, source["id"], slot, apply_id, 0, io_type)
             apply = _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers,
-                                   version, counters_before)
+                                   version, {"counters": counters_before, **({"origins": origins} if origins else {})})
             graph["nodes"].append(apply)
             nodes[apply_id] = apply
             inserted.append((apply, source))
     for node in _group_nodes(doc):
-        if any(t in APPLY_NODE for t in (o.get("type") for o in node.get("outputs") or [] if isinstance(o, dict))) \
-                and node["type"] not in STOCK_TO_PACK and not node["type"].startswith(RULES["pack_node_prefix"]):
+        if any(_model_type(output) for output in node.get("outputs") or []) and node["type"] not in STOCK_TO_PACK \
+                and not node["type"].startswith(RULES["pack_node_prefix"]):
             warnings.append(f"node {node['type']} inside a group node was left as it is: convert the group node "
                             f"to a subgraph in ComfyUI and run again, or put the Apply node after it by hand")
     return inserted, warnings
 
 
-def _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers, version, counters):
-    pos, size = source.get("pos"), source.get("size")
-    x, y = (_number(pos[0]), _number(pos[1])) if isinstance(pos, list) and len(pos) >= 2 else (0, 0)
-    width = _number(size[0]) if isinstance(size, list) and size else 0
+def _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_link, consumers, version, restore):
+    """``restore``: the marker's "counters" and "origins" (see ``_check_marker``)."""
+    x, y = _vector(source.get("pos"))
+    width, _ = _vector(source.get("size"))
     return {
         "id": apply_id,
         "type": apply_type,
@@ -592,7 +654,7 @@ def _apply_ui_node(apply_id, apply_type, input_name, io_type, source, slot, in_l
         "inputs": [{"localized_name": input_name, "name": input_name, "type": io_type, "link": in_link}],
         "outputs": [{"localized_name": io_type, "name": io_type, "type": io_type, "links": consumers}],
         "properties": {"cnr_id": PACK_CNR_ID, "ver": version, "Node name for S&R": apply_type,
-                       INSERTED_KEY: {"after": [source["id"], slot], "counters": counters}},
+                       INSERTED_KEY: {"after": [source["id"], slot], **restore}},
         "widgets_values": [],
     }
 
@@ -615,10 +677,12 @@ def _remove_ui_apply_nodes(doc: dict) -> tuple[list, list]:
                                 "left as it is")
                 continue
             consumers = apply["outputs"][0].get("links") or []
+            origins = marker.get("origins", {})
             for link_id in consumers:
                 if link_id in by_id:
-                    links.set(by_id[link_id], "origin_id", source_id)
-                    links.set(by_id[link_id], "origin_slot", slot)
+                    origin_id, origin_slot = origins.get(str(link_id), (source_id, slot))
+                    links.set(by_id[link_id], "origin_id", origin_id)
+                    links.set(by_id[link_id], "origin_slot", origin_slot)
             output_links = source["outputs"][slot]["links"]
             at = output_links.index(in_link)
             output_links[at:at + 1] = consumers
@@ -634,9 +698,11 @@ def _remove_ui_apply_nodes(doc: dict) -> tuple[list, list]:
 
 
 def _earliest(counters):
-    """The first of counter values recorded by successive swaps: the smallest, or null where one recorded null
-    (the counter was null before the first swap)."""
-    return min(counters, key=lambda value: (value is not None, value or 0))
+    """The first of counter values recorded by successive swaps: null where one recorded null (the counter was null
+    before the first swap), else a string (only the original can hold one: the swap writes numbers), else the
+    smallest."""
+    return min(counters, key=lambda value: (value is not None, not isinstance(value, str),
+                                            0 if value is None or isinstance(value, str) else value))
 
 
 def _restore_counters(doc: dict, markers: list, last_node: int, last_link: int) -> None:

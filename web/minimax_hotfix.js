@@ -1,13 +1,17 @@
 // MiniMax Hotfix in ComfyUI's browser UI: node menu entries and workflow commands that move a workflow onto the
 // pack. The swap itself runs on the server (POST /minimax_hotfix/swap, the pack's tools/swap_loaders.py), so the
 // browser and the command line give the same result; swap_rules.js (generated from the tool) decides which nodes
-// get which entry. A change is loaded as one step of the workflow's undo history.
+// get which entry. A change is loaded as one step of the workflow's undo history. When a prompt fails with an error
+// that one of the pack's fixes repairs (POST /minimax_hotfix/known_error, the pack's registry/known_errors.py), a
+// notice names the bug and offers the fix, then a rerun.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { RULES } from "./swap_rules.js";
 
 const FIX_COMMAND = "MiniMaxHotfix.FixWorkflow";
 const REVERSE_COMMAND = "MiniMaxHotfix.ReverseWorkflow";
+const EXPLAIN_SETTING = "MiniMaxHotfix.ExplainKnownErrors";
+const NOTICE_ID = "minimax-hotfix-known-error";
 
 function applyType(node) {
   // The Apply node type this node's outputs need, or null: an output of MODEL/CLIP/VAE without an input of that type.
@@ -65,8 +69,96 @@ function nodeTarget(node) {
   return { graph: !node.graph || node.graph.isRootGraph ? null : node.graph.id, node: node.id };
 }
 
+function nodeByExecutionId(executionId) {
+  // ComfyUI names a node inside a subgraph by the path of node ids down to it: "12:5" is node 5 of node 12's subgraph.
+  let graph = app.rootGraph;
+  let node = null;
+  for (const id of String(executionId).split(":")) {
+    node = graph?.getNodeById(id) ?? null;
+    graph = node?.subgraph;
+  }
+  return node;
+}
+
+function showNotice(text, actions) {
+  // A toast cannot hold buttons, so the notice is an element of its own; it stays until closed or replaced.
+  document.getElementById(NOTICE_ID)?.remove();
+  const notice = document.createElement("div");
+  notice.id = NOTICE_ID;
+  notice.setAttribute("role", "alert");
+  Object.assign(notice.style, {
+    position: "fixed", bottom: "64px", left: "50%", transform: "translateX(-50%)", zIndex: 10001, maxWidth: "640px",
+    padding: "12px 16px", borderRadius: "8px", border: "1px solid var(--border-color)",
+    background: "var(--comfy-menu-bg)", color: "var(--fg-color)", boxShadow: "0 4px 16px rgba(0, 0, 0, 0.4)",
+  });
+  const line = document.createElement("p");
+  line.style.margin = "0 0 10px";
+  line.textContent = `MiniMax Hotfix: ${text}`;
+  const buttons = document.createElement("div");
+  Object.assign(buttons.style, { display: "flex", gap: "8px", justifyContent: "flex-end" });
+  for (const { label, run } of [...actions, { label: "Close", run: () => notice.remove() }]) {
+    const button = document.createElement("button");
+    button.textContent = label;
+    Object.assign(button.style, { padding: "4px 12px", cursor: "pointer" });
+    button.addEventListener("click", run);
+    buttons.append(button);
+  }
+  notice.append(line, buttons);
+  document.body.append(notice);
+}
+
+function fixThenOfferRerun(swap) {
+  return async () => {
+    const reply = await swap();
+    if (!reply.changed) {
+      document.getElementById(NOTICE_ID)?.remove();
+      return;
+    }
+    showNotice(`${reply.summary}. Run the workflow again?`, [{ label: "Run again", run: () => {
+      document.getElementById(NOTICE_ID)?.remove();
+      app.queuePrompt(0);
+    } }]);
+  };
+}
+
+function showKnownError(reply) {
+  const loader = reply.action === "insert_apply" ? nodeByExecutionId(reply.node) : null;
+  if (loader) {
+    showNotice(reply.text, [{ label: `Insert ${reply.apply} after ${loader.title ?? loader.type}`,
+                              run: fixThenOfferRerun(() => runSwap({ only: nodeTarget(loader) })) }]);
+  } else if (reply.action === "fix_workflow" || reply.action === "insert_apply") {
+    showNotice(reply.text, [{ label: "Fix this workflow", run: fixThenOfferRerun(() => runSwap()) }]);
+  } else {
+    showNotice(reply.text, []);
+  }
+}
+
+async function explainError({ detail }) {
+  // The open workflow as it queues now stands for the one that failed: it is, unless it was edited since (the route
+  // then finds another node type under the failing id and judges the error alone).
+  if (!app.extensionManager.setting.get(EXPLAIN_SETTING)) return;
+  const { output } = await app.graphToPrompt();
+  const { node_id, node_type, exception_message, traceback } = detail;
+  const response = await api.fetchApi("/minimax_hotfix/known_error", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ error: { node_id, node_type, exception_message, traceback }, prompt: output }),
+  });
+  const reply = response.ok ? await response.json() : { known: false };
+  if (reply.known) showKnownError(reply);
+}
+
 app.registerExtension({
   name: "MiniMaxHotfix.Swap",
+  settings: [
+    { id: EXPLAIN_SETTING, category: ["MiniMax Hotfix", "Known errors", "Explain"], type: "boolean", defaultValue: true,
+      name: "MiniMax Hotfix: explain known errors",
+      tooltip: "When a run fails with an error that one of MiniMax Hotfix's fixes repairs, say which bug it is and " +
+               "offer the fix." },
+  ],
+  setup() {
+    api.addEventListener("execution_error", explainError);
+  },
   commands: [
     { id: FIX_COMMAND, label: "Fix this workflow with MiniMax Hotfix", function: () => runSwap() },
     { id: REVERSE_COMMAND, label: "Undo MiniMax Hotfix in this workflow (back to stock loaders)",
