@@ -100,6 +100,8 @@ def close_dialogs(browser) -> None:
 
 
 def load(browser, workflow: dict) -> None:
+    """``workflow`` in the page, with the tiny canvas; a notice another test left open goes first."""
+    browser.evaluate(f"{NOTICE}?.remove()")
     browser.evaluate(f"{APP}.loadGraphData({json.dumps(workflow)}, true, true, null)")
     browser.evaluate(f"(() => {{ const tiny = {json.dumps(TINY)}; for (const node of {APP}.rootGraph.nodes) "
                      "for (const widget of node.widgets ?? []) { const value = tiny[node.type]?.[widget.name]; "
