@@ -1,7 +1,9 @@
 """Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
 ``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
 ``registry`` fixture (the only place tests touch the registry's private state), ``fresh_detection`` and the
-simulated-device servers (``device_models``, ``device_servers``)."""
+simulated-device servers (``device_models``, ``device_servers``).
+
+The tiers (markers, ``--core``, ``--transformers``) are the plugin tests/tiers.py."""
 
 import os
 import sys
@@ -14,6 +16,8 @@ sys.path[:0] = [str(HERE.parent / "tools"), str(HERE)]  # tools/doctor.py's load
 from doctor import load_pack  # noqa: E402
 
 load_pack()
+
+pytest_plugins = ["tiers"]
 
 
 @pytest.fixture(scope="session")
@@ -164,17 +168,17 @@ def pytest_collection_modifyitems(items):
     END_TO_END_TESTS.update(item.nodeid for item in items if "device_servers" in getattr(item, "fixturenames", ()))
 
 
+def pytest_configure(config):
+    import nested_pytest
+
+    nested_pytest.follow(config)
+
+
 def pytest_runtest_logreport(report):
     if report.nodeid in END_TO_END_TESTS:
         END_TO_END_SECONDS[report.nodeid] = END_TO_END_SECONDS.get(report.nodeid, 0.0) + report.duration
         if report.when == "call":
             END_TO_END_RAN.add(report.nodeid)
-
-
-def pytest_configure(config):
-    import nested_pytest
-
-    nested_pytest.follow(config)
 
 
 def pytest_terminal_summary(terminalreporter):

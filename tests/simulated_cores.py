@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,6 +204,8 @@ def describe(name: str) -> str:
     return "\n".join(lines)
 
 
+NO_TESTS_COLLECTED = 5  # pytest's exit code when nothing was selected
+
 BUILT: list[str] = []  # the cores built in this process, for the test summary
 
 
@@ -228,3 +234,30 @@ def build_core(name: str, dest: Path) -> Path:
             source += stand_in.text
         target.write_text(source, encoding="utf-8")
     return dest
+
+
+def run_tests_on_every_core(pytest_args: list[str]) -> int:
+    """Builds each core in a temporary folder and runs pytest there with ``--core NAME``, one process per core (the
+    running ComfyUI is the core's tree): the tests marked for that core, and their switched-off red controls
+    (tests/conftest.py). Prints one line per core with its outcome and seconds; returns non-zero if any failed."""
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="simulated-cores-") as folder:
+        for index, name in enumerate(CORES):
+            started = time.monotonic()
+            tree = build_core(name, Path(folder, str(index), "ComfyUI"))
+            print(f"== simulated core {name!r}", flush=True)
+            environment = {**os.environ, "COMFYUI_PATH": str(tree)}
+            done = subprocess.run([sys.executable, "-m", "pytest", "--core", name, *pytest_args], cwd=ROOT,
+                                  env=environment, check=False)
+            print(f"== simulated core {name!r}: {'FAILED' if name in failed else 'passed'} in "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
+            if done.returncode not in (0, NO_TESTS_COLLECTED):  # the arguments may select no test for this core
+                failed.append(name)
+            shutil.rmtree(tree)
+    print(f"simulated cores: {len(CORES) - len(failed)} of {len(CORES)} passed"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_tests_on_every_core(sys.argv[1:]))

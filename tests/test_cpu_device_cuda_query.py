@@ -102,6 +102,7 @@ def test_a_gtx_16xx_gets_its_text_encoder_on_the_cpu(comfy, nvidia_machine):
     assert comfy.mm.text_encoder_device() == CPU  # and on this --cpu ComfyUI, where the tests run it
 
 
+@pytest.mark.cores("0.39 era")
 def test_red_music3_text_encode_with_the_fix_off(comfy, music3_clip, nvidia_machine, registry, monkeypatch):
     if ("comfy_kitchen", "flash_attention_decode_is_available") not in FIX.queries_asking_cuda():
         pytest.skip("this comfy-kitchen answers for a CPU device itself (comfy-kitchen #131)")
@@ -118,6 +119,7 @@ def test_red_music3_text_encode_with_the_fix_off(comfy, music3_clip, nvidia_mach
         "_get_device_index"], frames
 
 
+@pytest.mark.cores("0.39 era")
 def test_green_music3_text_encode_equals_an_all_cpu_run(comfy, music3_clip, all_cpu_run, nvidia_machine, registry):
     registry(FIX)
     try:
@@ -152,6 +154,8 @@ def test_quantization_queries_red_then_green_as_an_all_cpu_run(comfy, nvidia_mac
     assert installed == [FIX.id]
 
 
+@pytest.mark.fails_switched_off("cpu_device_cuda_query", "Expected a cuda device, but got: cpu", cores=("0.39 era",))
+@pytest.mark.cores("fixed int8")
 def test_use_quantized_matmul_of_newer_cores_red_then_green(comfy, nvidia_machine, registry):
     """What ``CLIP.generate`` does on newer cores (033046cc's comfy/sd.py: ``with cuda_device_context(device),
     comfy.ops.use_quantized_matmul(self.cond_stage_model, device)``) for an encoder with an int8 layer on the CPU."""

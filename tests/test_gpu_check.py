@@ -91,7 +91,27 @@ def simulated_cuda(gpu_check, comfyui, monkeypatch):
 FREE_MB = 2048.0
 
 
-def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda, tmp_path):
+@pytest.fixture
+def one_budget_each(monkeypatch):
+    """Every scenario at its "partial" budget only (where it has one), seed 001 at "partial" on one canvas: the dry
+    runs check the GPU check's own code, which is the same at every budget, and each budget is a server start (the
+    simulated-device tests run all of them)."""
+    import dataclasses
+
+    def partial_only(budgets: dict) -> dict:
+        return {"partial": budgets["partial"]} if "partial" in budgets else budgets
+
+    monkeypatch.setattr(seed_scenarios, "SCENARIOS", tuple(
+        dataclasses.replace(scenario, resident_mb=partial_only(scenario.resident_mb))
+        for scenario in seed_scenarios.SCENARIOS))
+    monkeypatch.setattr(seed_scenarios, "VISION_TOWER_RESIDENT_MB",
+                        partial_only(seed_scenarios.VISION_TOWER_RESIDENT_MB))
+    first_canvas = next(iter(seed_scenarios.VISION_TOWER_CANVASES.items()))
+    monkeypatch.setattr(seed_scenarios, "VISION_TOWER_CANVASES", dict([first_canvas]))
+
+
+def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,
+                                                                              one_budget_each, tmp_path):
     """The scenario part run once without a GPU, on the simulated 0.36/0.37 VAE core: every pack run passes (red,
     found by this run: Music 3, which ComfyUI never splits, failed the split check at the partial budgets), the stock
     runs are reported, seed 004 is skipped (CUDA has ``_int_mm``)."""
@@ -110,7 +130,7 @@ def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(g
 
 
 def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,
-                                                                                    comfyui, tmp_path):
+                                                                                    one_budget_each, comfyui, tmp_path):
     """The seed 001 part (``vision_tower_part``) run once without a GPU (ComfyUI 0.33.0 here), so its own code
     (prompts, references, comparison, split and hook checks, verdicts) has run before a GPU is at hand."""
     import argparse

@@ -148,6 +148,7 @@ def sample_step(patcher):
 
 
 @pytest.mark.usefixtures("int_mm_missing", "unload")
+@pytest.mark.cores("fixed int8")
 def test_q8_cr_gguf_dit_red_then_green_through_apply_model(comfyui, tmp_path, registry):
     import comfy.model_management
     import comfy.sd

@@ -42,12 +42,14 @@ def gather_devices(tower):
     return seen
 
 
+@pytest.mark.cores("0.38 Qwen3-VL", "0.39 era")
 def test_detect_applies_on_this_comfyui():
     status = pack_registry.status(fix.FIX)
     assert status.state is pack_registry.State.NEEDED, status.reason
     assert "interpolates on the CPU" in status.reason
 
 
+@pytest.mark.cores("0.38 Qwen3-VL", "0.39 era")
 def test_offloaded_pos_embed_no_crash_but_gather_on_cpu_then_on_compute_device():
     tower = offloaded_tower()
     seen = gather_devices(tower)
@@ -84,6 +86,7 @@ def test_dynamic_vram_cast_clones_the_whole_table_per_call():
     assert TableCopies.count == 3
 
 
+@pytest.mark.cores("0.38 Qwen3-VL")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_kernel_equals_comfyui_method_bit_for_bit(dtype):
     tower = tiny_qwen3vl_tower(dtype)
@@ -111,6 +114,7 @@ def test_ops_that_do_not_cast_keep_the_stock_path():
     assert seen == ["cpu"] and out[0].device.type == "meta"
 
 
+@pytest.mark.fails_switched_off("qwen3vl_pos_embed", "'cpu'", cores=("0.38 Qwen3-VL", "0.39 era",))
 def test_attaches_through_the_model_patcher_and_survives_clone():
     import comfy.model_patcher
 

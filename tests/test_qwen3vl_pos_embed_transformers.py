@@ -9,18 +9,13 @@ Which stand-in each form allows on a CPU-only machine (docs/qwen3vl_pos_embed.md
   offload-style pos_embed (no regression).
 """
 
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
-import transformers  # noqa: E402
 from concurrency import failures_running_concurrently  # noqa: E402
-from nested_pytest import pytest_command  # noqa: E402
 
 from minimax_hotfix import api  # noqa: E402
 from minimax_hotfix import registry as pack_registry  # noqa: E402
@@ -34,19 +29,16 @@ from minimax_hotfix.kernels.qwen3vl_pos_embed import (  # noqa: E402
 )
 from minimax_hotfix.patches import transformers_qwen3vl_pos_embed as fix  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-EXTRA_5_8 = REPO / ".venv" / "extra" / "transformers-5.8.0"
-EXPECTED_VERSION = "MINIMAX_HOTFIX_EXPECT_TRANSFORMERS"  # set by the 5.8 subprocess run
-
 FORM = fix.forward_form(fix.reference_tower_class())
-method_form = pytest.mark.skipif(FORM != fix.METHOD_FORM,
-                                 reason=f"transformers {transformers.__version__} has the indexing form")
-indexing_form = pytest.mark.skipif(FORM != fix.INDEXING_FORM,
-                                   reason=f"transformers {transformers.__version__} has the method form")
+# transformers 5.8.0 has the method form of the position-table code, the venv's latest the indexing form
+# (test_detect_names_the_form)
+method_form = pytest.mark.transformers("5.8.0")
+indexing_form = pytest.mark.transformers("latest")
 SAME_DEVICE = "Expected all tensors to be on the same device|is not on the expected device"
 
 
-pytestmark = pytest.mark.usefixtures("fresh_detection")
+# every test here runs with the venv's transformers and with 5.8.0, except those of one form (below)
+pytestmark = [pytest.mark.usefixtures("fresh_detection"), pytest.mark.transformers("latest", "5.8.0")]
 
 
 class Holder(torch.nn.Module):
@@ -71,13 +63,6 @@ class OffloadedEmbedding(torch.nn.Embedding):
 def run(tower, pixels, grid):
     with torch.no_grad():
         return tower_kit.outputs(tower(pixels, grid))
-
-
-def test_runs_on_the_transformers_it_was_started_for():
-    expected = os.environ.get(EXPECTED_VERSION)
-    if expected is None:
-        pytest.skip("only meaningful in the subprocess run against another transformers")
-    assert transformers.__version__ == expected
 
 
 def test_detect_names_the_form():
@@ -269,17 +254,3 @@ def test_self_test_reproduces_the_bug_and_passes():
     checks = list(self_test(fix.FIX))
     assert any(check.name.startswith("red") for check in checks)
     assert all(check.passed for check in checks), checks
-
-
-def test_transformers_5_8_in_a_subprocess():
-    if os.environ.get(EXPECTED_VERSION):
-        pytest.skip("this is the subprocess run")
-    if not (EXTRA_5_8 / "transformers").is_dir():
-        pytest.skip("needs transformers 5.8.0 in .venv/extra/transformers-5.8.0: pip install --no-deps --target "
-                    ".venv/extra/transformers-5.8.0 -r tests/requirements-transformers-5.8.0.txt")
-    env = {**os.environ, EXPECTED_VERSION: "5.8.0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(EXTRA_5_8), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(pytest_command(__file__),
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout

@@ -45,14 +45,19 @@ def table_copies_per_call(tower, calls=3):
     return [rotary_kit.copies_from_host(tower, lambda: tower(pixels, torch.tensor(GRID)))[1] for _ in range(calls)]
 
 
+@pytest.mark.cores("0.38 Qwen3-VL", "0.39 era")
 def test_detect_applies_on_this_comfyui():
     status = pack_registry.status(fix.FIX)
     assert status.state is pack_registry.State.NEEDED, status.reason
     assert "inv_freq" in status.reason
 
 
-@pytest.mark.parametrize("attached", [("qwen3vl_pos_embed",), ("qwen3vl_pos_embed", "qwen3vl_rotary_table")],
-                         ids=["red: without the fix", "green: with the fix"])
+@pytest.mark.cores("0.38 Qwen3-VL", "0.39 era")
+@pytest.mark.parametrize("attached", [
+    pytest.param(("qwen3vl_pos_embed",), id="red: without the fix"),
+    pytest.param(("qwen3vl_pos_embed", "qwen3vl_rotary_table"), id="green: with the fix",
+                 marks=pytest.mark.fails_switched_off("qwen3vl_rotary_table", "{'cpu'} == {'meta'}",
+                                                      cores=("0.38 Qwen3-VL", "0.39 era")))])
 def test_partial_load_through_the_model_patcher(registry, attached):
     """Red: a real partial load leaves inv_freq in CPU RAM; each call builds the table there and copies it over.
     Green: built on the compute device, no copy; the loader's buffer untouched. The position-table fix is on in

@@ -24,7 +24,6 @@ import pytest
 import torch
 import transformers
 from generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
-from nested_pytest import pytest_command
 
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import self_test
@@ -42,11 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 AFFECTED = "5.19"
 AFFECTED_PIN = (ROOT / f"tests/requirements-transformers-{AFFECTED}.txt").read_text()
 AFFECTED_VERSION = re.search(r"^transformers==(\S+)", AFFECTED_PIN, re.M).group(1)
-ON_AFFECTED = transformers.__version__ == AFFECTED_VERSION
 
-affected_only = pytest.mark.skipif(not ON_AFFECTED, reason=f"needs transformers {AFFECTED_VERSION}: runs through "
-                                                            "test_transformers_5_19_subprocess")
-latest_only = pytest.mark.skipif(ON_AFFECTED, reason="checks the venv's latest transformers")
+affected_only = pytest.mark.transformers(AFFECTED)  # tools/test.sh runs them with that transformers on the path
 
 MISMATCH = "found at least two devices, cuda:0 and cpu"
 
@@ -181,7 +177,6 @@ def test_registry_lists_the_fix_with_its_off_switch(monkeypatch):
     assert pack_registry.status(shim.FIX).state is State.DISABLED
 
 
-@latest_only
 def test_install_is_lazy_and_reversible():
     """Installing at pack load must not import transformers; the wrappers appear when transformers' generation code
     is imported, and uninstall puts the original methods back. A fresh interpreter, so nothing is imported yet."""
@@ -213,7 +208,6 @@ def test_install_is_lazy_and_reversible():
 
 # -- latest transformers: fixed upstream, the shim does nothing -------------------------------------------------
 
-@latest_only
 def test_latest_version_gets_no_guard_at_pack_load(monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
     assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
@@ -226,7 +220,6 @@ def test_release_numbers_bound_the_guard():
     assert shim._release("4.57.6") < shim.FIRST_AFFECTED
 
 
-@latest_only
 def test_latest_probe_finds_both_bugs_fixed_upstream():
     found = shim.verdict()
     assert (found.masks.state, found.tp_heads.state) == (State.FIXED_UPSTREAM, State.FIXED_UPSTREAM), found
@@ -239,7 +232,6 @@ def wrapped_methods():
             if hasattr(mixin.__dict__[name], static_cache_kernels.WRAPPED)}
 
 
-@latest_only
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, monkeypatch):
     """First use on a fixed transformers: the guard probes, touches nothing, and removes itself."""
@@ -258,7 +250,6 @@ def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, mo
         shim.FIX.uninstall()
 
 
-@latest_only
 @pytest.mark.parametrize("plan, heads", [(COLWISE_KV, 1), (GATHERED_KV, 2), (MLP_ONLY, 2)])
 def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
     monkeypatch.setattr(shim, "_verdict", None)
@@ -271,7 +262,6 @@ def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
         shim.FIX.uninstall()
 
 
-@latest_only
 def test_latest_sharding_rule_matches_upstream():
     from transformers.distributed.tensor_parallel import get_kv_heads_per_rank
 
@@ -280,22 +270,6 @@ def test_latest_sharding_rule_matches_upstream():
              {"model.layers.*.self_attn.k_proj": "packed_colwise"}, {"model.layers.*.mlp.experts": "grouped_gemm"}]
     for plan in plans:
         assert static_cache_kernels.shards_kv_heads(plan) == (get_kv_heads_per_rank(plan, 4, 2) == 2), plan
-
-
-@latest_only
-def test_transformers_5_19_subprocess():
-    """Runs this file's ``test_affected_*`` tests under transformers 5.19.0 in a subprocess."""
-    overlay = ROOT / ".venv" / "extra" / f"transformers-{AFFECTED}"
-    if not (overlay / "transformers").is_dir():
-        pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it from "
-                    f"tests/requirements-transformers-{AFFECTED}.txt")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")])))
-    env.pop(pack_registry.DISABLE_ENV, None)
-    result = subprocess.run(pytest_command("-k", "affected", str(Path(__file__).relative_to(ROOT))),
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert "passed" in summary and "skipped" not in summary and "deselected" in summary, summary
 
 
 @pytest.mark.parametrize("version", ["latest", AFFECTED])
@@ -311,8 +285,6 @@ def test_seed_003_on_the_simulated_accelerator(version):
         if not (overlay / "transformers").is_dir():
             pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")]))
-    elif ON_AFFECTED:
-        pytest.skip("runs from the latest transformers' run")
     result = subprocess.run([sys.executable, str(ROOT / "tests" / "generate_on_simulated_device.py")], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

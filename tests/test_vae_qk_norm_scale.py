@@ -337,6 +337,7 @@ def expected_state_from_source(path: Path) -> State:
     return State.FIXED_UPSTREAM
 
 
+@pytest.mark.cores("0.36/0.37 VAE", "fixed VAE", "0.39 era")
 def test_detection_on_the_running_comfyui(comfyui, fresh_detection):
     expected = expected_state_from_source(Path(comfyui) / "comfy" / "ldm" / "minimax" / "vae.py")
     assert pack_registry.status(FIX).state == expected
@@ -389,6 +390,7 @@ def partially_loaded(vae, with_fix):
     return decoder, patcher
 
 
+@pytest.mark.fails_switched_off("vae_qk_norm_scale", 'Tensor on device cpu is not on the expected device meta', cores=("0.36/0.37 VAE",))
 def test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it(vae):
     if FIX.detect().state != State.NEEDED:
         pytest.skip(f"this ComfyUI's VAE is {FIX.detect().state.value}: the bug does not reproduce")
@@ -414,6 +416,7 @@ def test_partially_loaded_decoder_fails_without_the_fix_and_decodes_with_it(vae)
     assert not decoder._forward_pre_hooks and not decoder._forward_hooks  # ejected
 
 
+@pytest.mark.cores("fixed VAE", "0.39 era")
 def test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_it(vae):
     if FIX.detect().state != State.FIXED_UPSTREAM:
         pytest.skip(f"this ComfyUI's VAE is {FIX.detect().state.value}")
@@ -425,6 +428,7 @@ def test_partially_loaded_decoder_decodes_without_the_pack_where_upstream_fixed_
     assert out.device.type == "meta"
 
 
+@pytest.mark.cores("0.36/0.37 VAE")
 def test_fully_resident_decode_is_bitwise_unchanged(vae):
     """Nothing to move: every attention gets its own scale buffer itself (not a copy, not a fresh unit scale: the
     scales here are not ones), and the decode is bit for bit the unhooked one."""
@@ -449,6 +453,7 @@ def test_fully_resident_decode_is_bitwise_unchanged(vae):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.cores("0.36/0.37 VAE")
 def test_install_hooks_the_decoder_of_the_real_vae(vae):
     with torch.device("meta"):
         model = vae.MiniMaxH3VideoVAE()

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The README's test command (CI runs it too):   bash tools/test.sh [pytest arguments]
+# The README's test command (CI runs it too):   bash tools/test.sh [--fast] [pytest arguments]
 #
-# Lints the tree as ComfyUI's own CI does (`ruff check .`, rules in pyproject.toml), then runs the test suite twice:
-#   1. "without ComfyUI": in .venv, the pack's pinned test environment (tools/venv.sh), COMFYUI_PATH unset;
+# Lints the tree as ComfyUI's own CI does (`ruff check .`, rules in pyproject.toml), then runs the tiers
+# (docs/testing.md, "Tiers"; the markers are declared in pyproject.toml):
+#   1. "without ComfyUI": in .venv, the pack's pinned test environment (tools/venv.sh), COMFYUI_PATH unset; then
+#      once per tests/requirements-transformers-<version>.txt with that transformers first on the path
+#      (`pytest --transformers <version>`: the tests marked for it);
 #   2. "with ComfyUI": in .venv-comfyui, built from that ComfyUI's own requirements.txt (plus the torch/torchvision
 #      pair below and tests/requirements-comfyui.txt), with COMFYUI_PATH at
 #        - $COMFYUI_PATH when set (used in place), else
-#        - a temporary copy of ../shared/comfyui/0.33.0 beside the checkout, when it exists.
-#      The simulated newer cores (tests/simulated_cores.py) run inside this run.
-# Where no ComfyUI is found, only run 1 happens; the summary says how many tests skipped and why.
-# Exits non-zero when any run fails.
+#        - a temporary copy of ../shared/comfyui/0.33.0 beside the checkout, when it exists;
+#   3. "simulated cores": each core of tests/simulated_cores.py built from ../shared/comfyui and run in its own
+#      process with `pytest --core NAME`: the tests marked for it and their switched-off red controls.
+# --fast runs the lint and run 1 only (everyday work: a few minutes). Where no ComfyUI is found, only run 1 happens;
+# the summary says how many tests skipped and why, and how long each run took. Exits non-zero when any run fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,6 +25,9 @@ comfy_torch="torch==2.14.1 torchvision==0.29.1"
 # Installed without their dependencies: this torchaudio pins an older torch, and the official templates the swap-tool
 # tests read are newer than the templates package of ComfyUI's requirements pins.
 comfy_no_deps="torchaudio==2.11.* $(grep -m1 '^comfyui-workflow-templates-json==' tests/requirements.txt)"
+
+fast=0
+if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
 
 logs=$(mktemp -d)
 temp_comfyui=""
@@ -51,23 +58,39 @@ comfyui_env() {  # build (or reuse) .venv-comfyui for the ComfyUI at $1
 }
 
 status=0
+declare -A seconds
+timed() {  # timed NAME COMMAND...: runs it, keeping its wall time for the summary
+  local name=$1 started=$SECONDS; shift
+  "$@"; local rc=$?
+  seconds[$name]=$((SECONDS - started))
+  return $rc
+}
 
 echo "== lint: ruff check ."
 bash tools/venv.sh ruff check . 2>&1 | tee "$logs/lint.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== run 1: without ComfyUI (.venv)"
-env -u COMFYUI_PATH bash tools/venv.sh python -m pytest -rs "$@" 2>&1 | tee "$logs/without.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+run_without() { env -u COMFYUI_PATH bash tools/venv.sh python -m pytest -rs "$@" 2>&1 | tee "$logs/without.txt"; \
+  return "${PIPESTATUS[0]}"; }
+timed "without ComfyUI" run_without "$@" || status=1
+for req in tests/requirements-transformers-*.txt; do  # run 1 again with another transformers first on the path
+  version=$(basename "$req" .txt | sed 's/^requirements-transformers-//')
+  echo "== run 1, transformers $version (.venv/extra/transformers-$version)"
+  run_version() { env -u COMFYUI_PATH PYTHONPATH=".venv/extra/transformers-$version${PYTHONPATH:+:$PYTHONPATH}" \
+    bash tools/venv.sh python -m pytest -rs --transformers "$version" "$@" 2>&1 | tee "$logs/transformers-$version.txt"
+    local rc=${PIPESTATUS[0]}; [ "$rc" -eq 5 ] && rc=0; return "$rc"; }  # 5: the arguments selected none of its tests
+  timed "transformers $version" run_version "$@" || status=1
+done
 
 comfy=""
-if [ -n "${COMFYUI_PATH:-}" ]; then
+if [ "$fast" -eq 0 ] && [ -n "${COMFYUI_PATH:-}" ]; then
   comfy=$COMFYUI_PATH
   if [ ! -f "$comfy/main.py" ] || [ ! -d "$comfy/comfy" ]; then
     echo "COMFYUI_PATH=$comfy is not a ComfyUI checkout (no main.py and comfy/ there)" >&2
     exit 2
   fi
-elif [ -d "$shared_comfyui" ]; then
+elif [ "$fast" -eq 0 ] && [ -d "$shared_comfyui" ]; then
   temp_comfyui=$(mktemp -d)
   comfy="$temp_comfyui/ComfyUI"
   cp -r "$shared_comfyui" "$comfy" && chmod -R u+w "$comfy"
@@ -75,9 +98,16 @@ fi
 
 if [ -n "$comfy" ]; then
   echo "== run 2: with ComfyUI at $comfy (.venv-comfyui)"
-  if comfyui_env "$comfy"; then
-    COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs "$@" 2>&1 | tee "$logs/with.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if timed "building .venv-comfyui" comfyui_env "$comfy"; then
+    run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs "$@" 2>&1 | tee "$logs/with.txt"; \
+      return "${PIPESTATUS[0]}"; }
+    timed "with ComfyUI" run_with "$@" || status=1
+    if [ -d "$shared_comfyui" ]; then
+      echo "== run 3: simulated cores, built from $shared_comfyui (.venv-comfyui)"
+      run_cores() { .venv-comfyui/bin/python tests/simulated_cores.py -rs "$@" 2>&1 | tee "$logs/cores.txt"; \
+        return "${PIPESTATUS[0]}"; }
+      timed "simulated cores" run_cores "$@" || status=1
+    fi
   else
     echo "could not build .venv-comfyui from $comfy/requirements.txt" | tee "$logs/with.txt"
     status=1
@@ -88,12 +118,21 @@ echo
 echo "== summary"
 echo "lint:            $(tail -n 1 "$logs/lint.txt")"
 echo "without ComfyUI: $(summary "$logs/without.txt")"
+for log in "$logs"/transformers-*.txt; do
+  [ -e "$log" ] && printf '%-17s%s\n' "$(basename "$log" .txt | tr - ' '):" "$(summary "$log")"
+done
 if [ -n "$comfy" ]; then
   echo "with ComfyUI:    $(summary "$logs/with.txt")"
+  [ -f "$logs/cores.txt" ] && echo "simulated cores: $(tail -n 1 "$logs/cores.txt")" \
+    && grep -E '^== simulated core .*: (passed|FAILED) in' "$logs/cores.txt" | sed 's/^== /  /'
+elif [ "$fast" -eq 1 ]; then
+  echo "with ComfyUI:    not run (--fast)"
 else
   echo "with ComfyUI:    not run: set COMFYUI_PATH to a ComfyUI checkout (or place ComfyUI 0.33.0 at ../shared/comfyui/0.33.0)"
   echo "skipped in run 1, by reason:"
   grep -E '^SKIPPED' "$logs/without.txt" | sed 's/^SKIPPED \[\([0-9]*\)\] [^:]*:[0-9]*: /\1\t/' \
     | awk -F'\t' '{n[$2]+=$1} END {for (r in n) printf "  %4d  %s\n", n[r], r}' | sort -rn
 fi
+echo "wall time by part, slowest first:"
+for name in "${!seconds[@]}"; do printf '  %5d s  %s\n' "${seconds[$name]}" "$name"; done | sort -rn
 exit $status

@@ -4,8 +4,8 @@
 #
 # Each tests/requirements-transformers-<ver>.txt adds an older transformers for the tests that need it: its lines are
 # installed with --no-deps into .venv/extra/transformers-<ver> (so a file lists transformers plus exactly the deps
-# whose pins differ from .venv's), and those tests put that folder first on PYTHONPATH of a subprocess. Each folder
-# is reinstalled only when its file, tests/requirements.txt or the venv's Python changes.
+# whose pins differ from .venv's), and tools/test.sh runs the tests marked for that version with that folder first
+# on PYTHONPATH. Each folder is reinstalled only when its file, tests/requirements.txt or the venv's Python changes.
 #
 # TORCH_INDEX_URL (optional) is the index torch alone is taken from, e.g. https://download.pytorch.org/whl/cpu for
 # the CPU-only build (about 190 MB) where pip's default index would take a multi-GB CUDA build.
