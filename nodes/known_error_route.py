@@ -1,8 +1,8 @@
 """``POST /minimax_hotfix/known_error``: whether a failed prompt's error is one the pack's fixes repair, for the
 frontend extension (web/minimax_hotfix.js), which posts ComfyUI's ``execution_error`` event and the prompt it ran.
-Body: ``{"error": {"node_id", "exception_message", "traceback"}, "prompt": <API format>}``; reply: ``{"known":
-false}``, or ``{"known": true, ...}`` with what ``registry.known_errors.explain`` says. The errors themselves are
-``registry.known_errors.KNOWN_ERRORS``, loaded with the first request, not at ComfyUI's start-up.
+Body: ``{"error": {"node_id", "node_type", "exception_message", "traceback"}, "prompt": <API format>}``; reply:
+``{"known": false}``, or ``{"known": true, ...}`` with what ``registry.known_errors.explain`` says. The errors
+themselves are ``registry.known_errors.KNOWN_ERRORS``, loaded with the first request, not at ComfyUI's start-up.
 """
 
 import asyncio

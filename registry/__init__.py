@@ -180,14 +180,6 @@ def _log_status(fix: Fix, found: Status) -> None:
         log.info("MiniMax Hotfix: %s: %s (%s)", fix.id, found.state.value, found.reason)
 
 
-def forget_detection() -> None:
-    """Tests only: make the next ``status`` call detect again, and forget which models the fixes hooked."""
-    with _lock:
-        _detected.clear()
-        _hooked.clear()
-        _last_hooked.clear()
-
-
 def fixes_for(target: Target) -> list[Fix]:
     if target == Target.PROCESS and _fixes is None:  # ComfyUI's start-up: only the process-wide modules load
         candidates = [fix for fix in map(_load, patches.PROCESS_WIDE) if fix is not None]

@@ -14,6 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tools"), str(HERE)]  # tools/doctor.py's load_pack; shared test helpers
 from doctor import load_pack  # noqa: E402
+from registry_state import forget_detection  # noqa: E402
 
 load_pack()
 
@@ -62,13 +63,13 @@ class RegistryForOneTest:
         if registry is None:
             from minimax_hotfix import registry
         self.monkeypatch.setattr(registry, "_checked_ids", set())
-        registry.forget_detection()
+        forget_detection(registry)
         self.used.append(registry)
         return registry
 
     def forget(self):
         for registry in self.used:
-            registry.forget_detection()
+            forget_detection(registry)
 
 
 @pytest.fixture
@@ -86,9 +87,9 @@ def fresh_detection(monkeypatch):
     from minimax_hotfix import registry as pack_registry
 
     monkeypatch.delenv(pack_registry.DISABLE_ENV, raising=False)
-    pack_registry.forget_detection()
+    forget_detection(pack_registry)
     yield
-    pack_registry.forget_detection()
+    forget_detection(pack_registry)
 
 
 @pytest.fixture(scope="session")

@@ -107,12 +107,14 @@ def fix_switch(request, monkeypatch):
     pack's off switch, as a user would); ``FIX_ON`` or None otherwise."""
     switch = getattr(request, "param", None)
     if switch == FIX_OFF:
+        from registry_state import forget_detection
+
         from minimax_hotfix import registry as pack_registry
 
         monkeypatch.setenv(pack_registry.DISABLE_ENV, request.node.get_closest_marker("fails_switched_off").args[0])
-        pack_registry.forget_detection()
+        forget_detection(pack_registry)
         yield switch
-        pack_registry.forget_detection()
+        forget_detection(pack_registry)
     else:
         yield switch
 
