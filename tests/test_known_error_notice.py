@@ -29,7 +29,8 @@ from seed_scenarios import H3_RESIDENT_MB, RESERVE_MB
 
 from minimax_hotfix.registry import DISABLE_ENV
 
-pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")]
 
 APP = "window.comfyAPI.app.app"
 API = "window.comfyAPI.api.api"
