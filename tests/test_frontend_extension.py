@@ -24,6 +24,8 @@ from comfyui_server import PACK_ROOT, comfyui_with_pack, http
 from user_workflows import music3_checkpoint, music3_gguf
 from workflow_api import MODEL_FILE_INPUTS, TEMPLATES, official_template
 
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]  # Chromium and a real ComfyUI server (tests/tiers.py)
+
 APP = "window.comfyAPI.app.app"
 FIX = f"{APP}.extensionManager.command.execute('MiniMaxHotfix.FixWorkflow')"
 UNDO_STEPS = f"{APP}.extensionManager.workflow.activeWorkflow.changeTracker.undoQueue.length"

@@ -29,7 +29,7 @@ from seed_scenarios import H3_RESIDENT_MB, RESERVE_MB
 
 from minimax_hotfix.registry import DISABLE_ENV
 
-pytestmark = [pytest.mark.browser,
+pytestmark = [pytest.mark.browser, pytest.mark.e2e,
               pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")]
 
 APP = "window.comfyAPI.app.app"

@@ -16,6 +16,8 @@ import simulated_cores
 import synthetic_models
 from comfyui_server import comfyui_with_pack, run_prompt
 
+pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/tiers.py)
+
 CORE = "0.36/0.37 VAE"
 LATENT = {"width": 64, "height": 64, "length": 5, "batch_size": 1}
 

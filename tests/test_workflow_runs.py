@@ -51,6 +51,8 @@ from workflow_prompts import (  # noqa: E402
     music3_prompt,
 )
 
+pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/tiers.py)
+
 H3_WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("minimax_h3_*.json"))
 
 

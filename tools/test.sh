@@ -119,7 +119,7 @@ echo "== summary"
 echo "lint:            $(tail -n 1 "$logs/lint.txt")"
 echo "without ComfyUI: $(summary "$logs/without.txt")"
 for log in "$logs"/transformers-*.txt; do
-  [ -e "$log" ] && printf '%-17s%s\n' "$(basename "$log" .txt | tr - ' '):" "$(summary "$log")"
+  [ -e "$log" ] && printf '%-19s%s\n' "$(basename "$log" .txt | tr - ' '):" "$(summary "$log")"
 done
 if [ -n "$comfy" ]; then
   echo "with ComfyUI:    $(summary "$logs/with.txt")"
