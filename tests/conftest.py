@@ -18,7 +18,7 @@ from registry_state import forget_detection  # noqa: E402
 
 load_pack()
 
-pytest_plugins = ["tiers"]
+pytest_plugins = ["tiers", "int8_without_int_mm"]
 
 
 @pytest.fixture(scope="session")

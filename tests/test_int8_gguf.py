@@ -34,7 +34,6 @@ import numpy as np
 import pytest
 import synthetic_models
 import torch
-from test_int8_vae import int_mm_missing, unload  # noqa: F401 (the fixtures the test uses)
 
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
 from minimax_hotfix.kernels.int8_full_precision_mm import MARK

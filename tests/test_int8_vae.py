@@ -106,26 +106,6 @@ def h3_int8_vae_file(comfyui, monkeypatch, tmp_path):
                          SMALL_VAE)
 
 
-@pytest.fixture
-def int_mm_missing(monkeypatch):
-    def missing(*args, **kwargs):
-        raise NotImplementedError(MPS_INT_MM_ERROR)
-
-    monkeypatch.setattr(torch, "_int_mm", missing)
-    forget_int8_probes()
-    yield
-    forget_int8_probes()
-
-
-@pytest.fixture
-def unload():
-    import comfy.model_management
-
-    yield
-    comfy.model_management.unload_all_models()
-    FIX.unwrap_linear_input_act()
-
-
 @pytest.mark.fails_switched_off("int8_full_precision_mm", "The operator 'aten::_int_mm' is not currently implemented for the MPS device", cores=("fixed int8",))
 def test_int8_vae_red_then_green_through_the_pack_vae_loader_and_apply_node(h3_int8_vae_file, int_mm_missing,
                                                                              unload, registry):
