@@ -250,6 +250,7 @@ def test_bad_input_found_by_hand_or_by_fuzzing_fails_with_one_line(run, name, co
 
 @pytest.mark.parametrize("name,content,reverse", SWAPS_NOW, ids=[c[0] for c in SWAPS_NOW])
 def test_inputs_that_gave_a_traceback_now_work(name, content, reverse):
+    swap_loaders.validate(content, reverse)  # taken, not refused
     check_command_line(_bytes(content), reverse, in_process)
 
 
