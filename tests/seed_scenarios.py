@@ -23,7 +23,7 @@ from workflow_api import load, official_template, ui_to_api
 from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
-H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json"
+H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "MiniMax H3 text to video.json"
 H3_PROBES = ("sampled", "fixed")
 # the sampled audio is reported, not compared (tests/test_seed_scenarios_on_device.py): the audio VAE is compared on
 # a fixed latent instead
@@ -140,7 +140,7 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
 # conditioning, its reference image through the real tiny text encoder's vision tower on the device, in the models
 # folder of synthetic_models.write_vision_tower_models, in servers that keep their models between prompts
 VISION_TOWER = "seed 001 H3 r2v vision tower"
-H3_REFERENCE_TO_VIDEO = PACK_ROOT / "workflows" / "minimax_h3_reference_to_video.json"
+H3_REFERENCE_TO_VIDEO = PACK_ROOT / "workflows" / "MiniMax H3 reference to video (Ref2VA).json"
 # MB resident beyond minimum_inference_memory(): the 80.8 MB encoder whole; 14.4 MB of its layers (ComfyUI reserves a
 # 55.6 MB offload buffer first, on the simulated device); none
 VISION_TOWER_RESIDENT_MB = {"full": 256, "partial": 70, "smallest": 0}

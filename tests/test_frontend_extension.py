@@ -161,7 +161,7 @@ def test_the_official_minimax_templates_are_all_there():
     assert len(names) == 21, names
 
 
-NODE_CASES = [(lambda: _bundled_stock("minimax_music3"), node_type) for node_type in ("VAELoader", "CLIPLoader",
+NODE_CASES = [(lambda: _bundled_stock("MiniMax Music 3"), node_type) for node_type in ("VAELoader", "CLIPLoader",
                                                                                        "UNETLoader")]
 NODE_CASES += [(music3_gguf, "CLIPLoaderGGUF"), (music3_checkpoint, "CheckpointLoaderSimple")]
 
@@ -195,7 +195,7 @@ def _close_overlays(browser) -> None:
 
 def test_screenshots_of_the_menu_entry_and_of_a_swapped_workflow(page, tmp_path):
     browser, _ = page
-    workflow = _bundled_stock("minimax_music3")
+    workflow = _bundled_stock("MiniMax Music 3")
     node_id = next(node["id"] for node in workflow["nodes"] if node["type"] == "VAELoader")
     _load(browser, workflow)
     _close_overlays(browser)

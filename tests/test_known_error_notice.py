@@ -49,7 +49,7 @@ class WithoutCkRope(SimulatedDevice):
 
 
 def stock_text_to_video() -> dict:
-    workflow = json.loads((PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json").read_text(encoding="utf-8"))
+    workflow = json.loads((PACK_ROOT / "workflows" / "MiniMax H3 text to video.json").read_text(encoding="utf-8"))
     swap_loaders.swap(workflow, reverse=True)
     workflow["nodes"] = [node for node in workflow["nodes"] if node["type"] != "MiniMaxHotfixStatus"]
     return workflow

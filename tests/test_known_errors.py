@@ -118,7 +118,7 @@ def test_an_error_no_fix_repairs_matches_nothing(message, traceback):
 
 
 def stock_h3() -> dict:
-    workflow = load(ROOT / "workflows" / "minimax_h3_text_to_video.json")
+    workflow = load(ROOT / "workflows" / "MiniMax H3 text to video.json")
     swap_loaders.swap(workflow, reverse=True)
     return ui_to_api(workflow, SPECS)
 
@@ -164,7 +164,7 @@ def test_a_stock_loader_behind_the_failing_node_is_fixed_by_the_swap(needed):
 
 
 def test_the_model_through_the_pack_reports_the_fix_state_and_the_doctor(needed):
-    prompt = ui_to_api(load(ROOT / "workflows" / "minimax_h3_text_to_video.json"), SPECS)
+    prompt = ui_to_api(load(ROOT / "workflows" / "MiniMax H3 text to video.json"), SPECS)
     reply = said(prompt, failed_at(prompt, "VAEDecode", *VAE_ERROR))
     assert reply["action"] == "report"
     assert "vae_qk_norm_scale repairs it; here it is needed (test stand-in for vae_qk_norm_scale), attached to no " \
@@ -174,7 +174,7 @@ def test_the_model_through_the_pack_reports_the_fix_state_and_the_doctor(needed)
 def test_only_the_failing_model_counts(needed):
     """VAE Decode fails in a workflow whose VAE goes through the pack but whose diffusion model does not: that model
     is not the failing one (red control: the same error at the sampler, with the diffusion model's message)."""
-    prompt = ui_to_api(load(ROOT / "workflows" / "minimax_h3_text_to_video.json"), SPECS)
+    prompt = ui_to_api(load(ROOT / "workflows" / "MiniMax H3 text to video.json"), SPECS)
     prompt[node_of(prompt, "MiniMaxHotfixUNETLoader")]["class_type"] = "UNETLoader"
     assert said(prompt, failed_at(prompt, "VAEDecode", *VAE_ERROR))["action"] == "report"
     int8 = failed_at(prompt, "SamplerCustomAdvanced", INT8, frames(f"{COMFY}/comfy/samplers.py"))
@@ -189,7 +189,7 @@ def test_a_model_from_another_loader_gets_an_apply_node_after_that_loader(needed
     assert (reply["action"], reply["node"], reply["apply"]) == (
         "insert_apply", node_of(prompt, "CLIPLoaderGGUF"), "MiniMaxHotfixApplyCLIP")
     # the bundled workflow has that Apply node already
-    bundled = ui_to_api(load(ROOT / "workflows" / "minimax_music3_gguf_text_encoder.json"), SPECS)
+    bundled = ui_to_api(load(ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json"), SPECS)
     assert said(bundled, failed_at(bundled, "MiniMaxMusic3TextEncode", error["exception_message"], ""))["action"] \
         == "report"
 

@@ -371,13 +371,13 @@ def test_inside_a_subgraph_the_apply_node_feeds_the_subgraph_output_too():
 
 
 def test_an_output_already_going_through_the_apply_node_is_left_alone():
-    workflow = json.loads((TOOL.parents[1] / "workflows" / "minimax_music3_gguf_text_encoder.json").read_text())
+    workflow = json.loads((TOOL.parents[1] / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json").read_text())
     assert not swap_loaders.swap(copy.deepcopy(workflow)).inserted
 
 
 def test_reverse_of_a_workflow_the_tool_did_not_write_names_the_pack_nodes_it_keeps(tmp_path):
     source = tmp_path / "gguf.json"
-    shutil.copy(TOOL.parents[1] / "workflows" / "minimax_music3_gguf_text_encoder.json", source)
+    shutil.copy(TOOL.parents[1] / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json", source)
     result = _run(source, "--reverse")
     assert result.returncode == 0
     assert ("kept, not inserted by this tool: node 3 (MiniMaxHotfixApplyCLIP), node 5 (MiniMaxHotfixStatus)"

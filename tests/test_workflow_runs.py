@@ -53,7 +53,7 @@ from workflow_prompts import (  # noqa: E402
 
 pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/tiers.py)
 
-H3_WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("minimax_h3_*.json"))
+H3_WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("MiniMax H3 *.json"))
 
 
 

@@ -83,9 +83,9 @@ def snapshot_specs():
 
 
 def test_there_are_the_five_workflows():
-    assert [path.stem for path in WORKFLOWS] == [
-        "minimax_h3_image_to_video", "minimax_h3_reference_to_video", "minimax_h3_text_to_video",
-        "minimax_music3", "minimax_music3_gguf_text_encoder"]
+    assert sorted(path.stem for path in WORKFLOWS) == [
+        "MiniMax H3 image to video", "MiniMax H3 reference to video (Ref2VA)", "MiniMax H3 text to video",
+        "MiniMax Music 3", "MiniMax Music 3 with a GGUF text encoder"]
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
@@ -108,7 +108,7 @@ def test_node_types_exist_and_widget_values_fit(path, snapshot_specs):
     (lambda wf: wf["links"].pop(), "inputs pointing at links that do not exist"),
 ])
 def test_the_checks_catch_a_broken_workflow(break_it, error, snapshot_specs):
-    workflow = load(PACK_ROOT / "workflows" / "minimax_h3_text_to_video.json")
+    workflow = load(PACK_ROOT / "workflows" / "MiniMax H3 text to video.json")
     check_workflow(copy.deepcopy(workflow), snapshot_specs)
     break_it(workflow)
     with pytest.raises(AssertionError, match=re.escape(error)):
@@ -152,6 +152,8 @@ def test_models_load_through_the_pack_with_official_file_names(path):
 def test_each_workflow_carries_a_note_on_its_fixes(path):
     notes = [node["widgets_values"][0] for node in load(path)["nodes"] if node["type"] == "MarkdownNote"]
     assert len(notes) == 1
+    # the template browser titles a custom node's template with its file name, and nothing else
+    assert notes[0].startswith(f"## {path.stem}, with MiniMax Hotfix\n")
     assert "**Fixes that apply here**" in notes[0] and "swap_loaders.py" in notes[0]
     assert "RuntimeError" in notes[0] or "noise" in notes[0]
 
@@ -320,7 +322,7 @@ def test_swapped_user_workflows_pass_prompt_validation(build, comfy_server):
 
 def test_prompt_check_reports_a_wrong_widget_value(comfy_server):
     url, object_info = comfy_server
-    prompt = ui_to_api(load(PACK_ROOT / "workflows" / "minimax_music3.json"), object_info)
+    prompt = ui_to_api(load(PACK_ROOT / "workflows" / "MiniMax Music 3.json"), object_info)
     encoder = next(node for node in prompt.values() if node["class_type"] == "MiniMaxMusic3TextEncode")
     encoder["inputs"]["top_k"] = 0
     problems, missing_files = prompt_errors(url, prompt)

@@ -30,7 +30,7 @@ def _link(workflow: dict, link_id: int) -> list:
 
 def music3_gguf() -> dict:
     """Music 3 with the GGUF text encoder feeding MiniMaxMusic3TextEncode directly, as before the pack."""
-    workflow = _stock("minimax_music3_gguf_text_encoder.json")
+    workflow = _stock("MiniMax Music 3 with a GGUF text encoder.json")
     gguf, apply = _by_type(workflow, "CLIPLoaderGGUF"), _by_type(workflow, "MiniMaxHotfixApplyCLIP")
     (into_apply,), (out_of_apply,) = gguf["outputs"][0]["links"], apply["outputs"][0]["links"]
     _link(workflow, out_of_apply)[1:3] = [gguf["id"], 0]
@@ -42,7 +42,7 @@ def music3_gguf() -> dict:
 
 def music3_checkpoint() -> dict:
     """Music 3 with model, text encoder and VAE from one CheckpointLoaderSimple."""
-    workflow = _stock("minimax_music3.json")
+    workflow = _stock("MiniMax Music 3.json")
     unet, clip, vae = (_by_type(workflow, t) for t in ("UNETLoader", "CLIPLoader", "VAELoader"))
     unet.update(type="CheckpointLoaderSimple", widgets_values=["minimax_music3_all_in_one.safetensors"])
     unet["properties"] = {"cnr_id": "comfy-core", "ver": "0.33.0", "Node name for S&R": "CheckpointLoaderSimple"}

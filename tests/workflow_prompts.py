@@ -15,7 +15,7 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import swap_loaders  # noqa: E402
 from workflow_api import MODEL_FOLDERS, OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
 
-MUSIC3 = PACK_ROOT / "workflows" / "minimax_music3.json"
+MUSIC3 = PACK_ROOT / "workflows" / "MiniMax Music 3.json"
 MUSIC3_SECONDS = 0.2  # 5 AR frames: the widget values a user would lower for a short clip
 MUSIC3_NOT_RUN = {"UNETLoader": "the 2.46 B parameter Music 3 DiT is hard-coded in ComfyUI",
                   "KSampler": "needs that DiT"}
