@@ -82,11 +82,15 @@ def registry(monkeypatch):
 
 
 @pytest.fixture
-def fresh_detection(monkeypatch):
-    """Every fix detected afresh, with the off switch unset; forgotten again after the test."""
+def fresh_detection(monkeypatch, fix_switch):
+    """Every fix detected afresh, with the off switch unset (but in a red control, tests/tiers.py, whose fix it
+    switches off); forgotten again after the test."""
+    from tiers import FIX_OFF
+
     from minimax_hotfix import registry as pack_registry
 
-    monkeypatch.delenv(pack_registry.DISABLE_ENV, raising=False)
+    if fix_switch != FIX_OFF:
+        monkeypatch.delenv(pack_registry.DISABLE_ENV, raising=False)
     forget_detection(pack_registry)
     yield
     forget_detection(pack_registry)

@@ -249,10 +249,10 @@ def run_tests_on_every_core(pytest_args: list[str]) -> int:
             environment = {**os.environ, "COMFYUI_PATH": str(tree)}
             done = subprocess.run([sys.executable, "-m", "pytest", "--core", name, *pytest_args], cwd=ROOT,
                                   env=environment, check=False)
-            print(f"== simulated core {name!r}: {'FAILED' if name in failed else 'passed'} in "
-                  f"{time.monotonic() - started:.0f} s", flush=True)
             if done.returncode not in (0, NO_TESTS_COLLECTED):  # the arguments may select no test for this core
                 failed.append(name)
+            print(f"== simulated core {name!r}: {'FAILED' if name in failed else 'passed'} in "
+                  f"{time.monotonic() - started:.0f} s", flush=True)
             shutil.rmtree(tree)
     print(f"simulated cores: {len(CORES) - len(failed)} of {len(CORES)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))

@@ -44,7 +44,11 @@ def pytest_configure(config):
     if core is not None:
         if core not in simulated_cores.CORES:
             raise pytest.UsageError(f"--core {core!r}: no such simulated core (known: {', '.join(simulated_cores.CORES)})")
+        earlier = os.environ.get(simulated_cores.SIMULATED_CORE_ENV)
         os.environ[simulated_cores.SIMULATED_CORE_ENV] = core
+        # put back when the session ends: a run inside another (tests/test_tiers.py) must not leave its core behind
+        config.add_cleanup(lambda: os.environ.pop(simulated_cores.SIMULATED_CORE_ENV) if earlier is None
+                           else os.environ.__setitem__(simulated_cores.SIMULATED_CORE_ENV, earlier))
     version = config.getoption("transformers")
     if version != LATEST_TRANSFORMERS:
         import transformers

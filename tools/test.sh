@@ -70,19 +70,6 @@ echo "== lint: ruff check ."
 bash tools/venv.sh ruff check . 2>&1 | tee "$logs/lint.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-echo "== run 1: without ComfyUI (.venv)"
-run_without() { env -u COMFYUI_PATH bash tools/venv.sh python -m pytest -rs "$@" 2>&1 | tee "$logs/without.txt"; \
-  return "${PIPESTATUS[0]}"; }
-timed "without ComfyUI" run_without "$@" || status=1
-for req in tests/requirements-transformers-*.txt; do  # run 1 again with another transformers first on the path
-  version=$(basename "$req" .txt | sed 's/^requirements-transformers-//')
-  echo "== run 1, transformers $version (.venv/extra/transformers-$version)"
-  run_version() { env -u COMFYUI_PATH PYTHONPATH=".venv/extra/transformers-$version${PYTHONPATH:+:$PYTHONPATH}" \
-    bash tools/venv.sh python -m pytest -rs --transformers "$version" "$@" 2>&1 | tee "$logs/transformers-$version.txt"
-    local rc=${PIPESTATUS[0]}; [ "$rc" -eq 5 ] && rc=0; return "$rc"; }  # 5: the arguments selected none of its tests
-  timed "transformers $version" run_version "$@" || status=1
-done
-
 comfy=""
 if [ "$fast" -eq 0 ] && [ -n "${COMFYUI_PATH:-}" ]; then
   comfy=$COMFYUI_PATH
@@ -96,9 +83,32 @@ elif [ "$fast" -eq 0 ] && [ -d "$shared_comfyui" ]; then
   cp -r "$shared_comfyui" "$comfy" && chmod -R u+w "$comfy"
 fi
 
+# .venv-comfyui builds (when it must) while run 1 runs: on two cores the two overlap well (pip is mostly waiting)
+if [ -n "$comfy" ]; then
+  build_started=$SECONDS
+  comfyui_env "$comfy" > "$logs/build.txt" 2>&1 &
+  build_pid=$!
+fi
+
+echo "== run 1: without ComfyUI (.venv)"
+run_without() { env -u COMFYUI_PATH bash tools/venv.sh python -m pytest -rs "$@" 2>&1 | tee "$logs/without.txt"; \
+  return "${PIPESTATUS[0]}"; }
+timed "without ComfyUI" run_without "$@" || status=1
+for req in tests/requirements-transformers-*.txt; do  # run 1 again with another transformers first on the path
+  version=$(basename "$req" .txt | sed 's/^requirements-transformers-//')
+  echo "== run 1, transformers $version (.venv/extra/transformers-$version)"
+  run_version() { env -u COMFYUI_PATH PYTHONPATH=".venv/extra/transformers-$version${PYTHONPATH:+:$PYTHONPATH}" \
+    bash tools/venv.sh python -m pytest -rs --transformers "$version" "$@" 2>&1 | tee "$logs/transformers-$version.txt"
+    local rc=${PIPESTATUS[0]}; [ "$rc" -eq 5 ] && rc=0; return "$rc"; }  # 5: the arguments selected none of its tests
+  timed "transformers $version" run_version "$@" || status=1
+done
+
 if [ -n "$comfy" ]; then
   echo "== run 2: with ComfyUI at $comfy (.venv-comfyui)"
-  if timed "building .venv-comfyui" comfyui_env "$comfy"; then
+  wait "$build_pid"; built=$?
+  cat "$logs/build.txt"
+  seconds["building .venv-comfyui (beside run 1)"]=$((SECONDS - build_started))
+  if [ "$built" -eq 0 ]; then
     run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs "$@" 2>&1 | tee "$logs/with.txt"; \
       return "${PIPESTATUS[0]}"; }
     timed "with ComfyUI" run_with "$@" || status=1
