@@ -74,8 +74,11 @@ def transformers_of(item) -> set[str]:
 def pytest_generate_tests(metafunc):
     """The red control of a ``fails_switched_off`` test, on the cores its marker names: the test once more with the
     fix switched off (``fix_switch``, an autouse fixture below)."""
-    marker = metafunc.definition.get_closest_marker("fails_switched_off")
-    if marker is not None and metafunc.config.getoption("core") in marker.kwargs["cores"]:
+    markers = list(metafunc.definition.iter_markers("fails_switched_off"))
+    markers += [mark for parametrize in metafunc.definition.iter_markers("parametrize")
+                for values in parametrize.args[1:2] for value in values
+                for mark in getattr(value, "marks", ()) if mark.name == "fails_switched_off"]  # on one parameter
+    if any(metafunc.config.getoption("core") in marker.kwargs["cores"] for marker in markers):
         metafunc.parametrize("fix_switch", [FIX_ON, FIX_OFF], indirect=True)
 
 
@@ -100,7 +103,8 @@ def pytest_collection_modifyitems(config, items):
                                 "<version>.txt:\n" + "\n".join(unknown))
     core, version = config.getoption("core"), config.getoption("transformers")
     chosen = [item for item in items if version in transformers_of(item)
-              and (core is None or core in cores_named(item))]
+              and (core is None or core in cores_named(item))
+              and not (is_red_control(item) and core not in cores_of_red_control(item))]  # a parameter beside it
     config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
     items[:] = chosen
 
@@ -123,12 +127,20 @@ def fix_switch(request, monkeypatch):
         yield switch
 
 
+def is_red_control(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("fix_switch") == FIX_OFF
+
+
+def cores_of_red_control(item) -> tuple[str, ...]:
+    """The cores of the item's own ``fails_switched_off`` marker (none for a parameter beside the marked one)."""
+    marker = item.get_closest_marker("fails_switched_off")
+    return marker.kwargs["cores"] if marker is not None else ()
+
+
 def red_control_marker(item):
     """The ``fails_switched_off`` marker of a red control item, else None."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or callspec.params.get("fix_switch") != FIX_OFF:
-        return None
-    return item.get_closest_marker("fails_switched_off")
+    return item.get_closest_marker("fails_switched_off") if is_red_control(item) else None
 
 
 @pytest.hookimpl(wrapper=True)

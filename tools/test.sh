@@ -35,7 +35,7 @@ cleanup() { rm -rf "$logs" ${temp_comfyui:+"$temp_comfyui"}; }
 trap cleanup EXIT
 
 summary() {  # the last line pytest printed, e.g. "312 passed, 4 skipped in 61.2s"
-  grep -E '(passed|failed|error|skipped|no tests ran)' "$1" | tail -n 1 | sed 's/^=* *//; s/ *=*$//'
+  grep -E '(passed|failed|error|skipped|deselected|no tests ran)' "$1" | tail -n 1 | sed 's/^=* *//; s/ *=*$//'
 }
 
 comfyui_env() {  # build (or reuse) .venv-comfyui for the ComfyUI at $1
@@ -85,8 +85,8 @@ fi
 
 # .venv-comfyui builds (when it must) while run 1 runs: on two cores the two overlap well (pip is mostly waiting)
 if [ -n "$comfy" ]; then
-  build_started=$SECONDS
-  comfyui_env "$comfy" > "$logs/build.txt" 2>&1 &
+  ( started=$SECONDS; comfyui_env "$comfy"; built=$?; echo $((SECONDS - started)) > "$logs/build.seconds"
+    exit $built ) > "$logs/build.txt" 2>&1 &
   build_pid=$!
 fi
 
@@ -107,7 +107,7 @@ if [ -n "$comfy" ]; then
   echo "== run 2: with ComfyUI at $comfy (.venv-comfyui)"
   wait "$build_pid"; built=$?
   cat "$logs/build.txt"
-  seconds["building .venv-comfyui (beside run 1)"]=$((SECONDS - build_started))
+  seconds["building .venv-comfyui (beside run 1)"]=$(cat "$logs/build.seconds")
   if [ "$built" -eq 0 ]; then
     run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs "$@" 2>&1 | tee "$logs/with.txt"; \
       return "${PIPESTATUS[0]}"; }
