@@ -25,6 +25,8 @@ from swap_loaders import ATTRIBUTION_KEYS, INSERTED_KEY, ORIGINAL_KEY, PACK_TO_S
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
 from workflow_fuzzing import minimax_templates  # noqa: E402
 
+pytestmark = pytest.mark.stdlib  # the swap tool is standard library only: run 1 alone runs these
+
 MINIMAX_TEMPLATES = list(minimax_templates())
 
 

@@ -37,6 +37,8 @@ from workflow_fuzzing import (
     workflows,
 )
 
+pytestmark = pytest.mark.stdlib  # the swap tool is standard library only: run 1 alone runs these
+
 TOOL = PACK_ROOT / "tools" / "swap_loaders.py"
 CLI_EXAMPLES = examples(1500)
 SUBPROCESS_EXAMPLES = examples(60)
