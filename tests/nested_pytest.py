@@ -1,7 +1,7 @@
-"""The command line of a pytest run nested in a test (a fresh interpreter, another transformers, a simulated core).
-Nested runs keep the order as written unless ``MINIMAX_HOTFIX_SHUFFLE_NESTED=1``: then they shuffle with the outer
-run's seed, so one seed reproduces both. Two nested suites still depend on their order (the transformers 5.19 run's
-off-switch test, the 0.39-era core's fix tests: docs/testing.md), so CI keeps them as written."""
+"""The command line of a pytest run nested in a test, where the test is about a fresh interpreter itself (the
+simulated accelerator's own checks, pytest stopping on an unusable COMFYUI_PATH); the cores and the other
+transformers are tiers of their own (tests/tiers.py). Nested runs keep the order as written unless
+``MINIMAX_HOTFIX_SHUFFLE_NESTED=1``: then they shuffle with the outer run's seed, so one seed reproduces both."""
 
 import os
 import sys
