@@ -21,6 +21,7 @@ import pytest
 
 START_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 300
+WORKER_DIED = " (prompt_worker):"  # the line "Exception in thread Thread-N (prompt_worker):"
 PACK_ROOT = Path(__file__).resolve().parents[1]
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
 SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
@@ -200,13 +201,23 @@ def finished_prompt(url: str, prompt: dict, base: Path) -> dict:
     status, body = http(url + "/prompt", {"prompt": prompt, "client_id": "minimax-hotfix-tests"})
     assert status == 200, body.decode()
     prompt_id = json.loads(body)["prompt_id"]
+    log = base / "comfyui.log"
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline:
         entry = json.loads(http(f"{url}/history/{prompt_id}")[1]).get(prompt_id)
         if entry and entry["status"].get("completed") is not None:
             return entry
+        if WORKER_DIED in log.read_text():
+            pytest.fail(f"ComfyUI's prompt worker died; prompt {prompt_id} will never run:\n" + log.read_text()[-4000:])
         time.sleep(0.25)
-    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + (base / "comfyui.log").read_text()[-4000:])
+    pytest.fail(f"prompt {prompt_id} did not finish in {RUN_TIMEOUT_S} s:\n" + log.read_text()[-4000:])
+
+
+def unload_models(url: str, free_memory: bool = True) -> None:
+    """ComfyUI's ``/free`` (unload every model; with ``free_memory`` also clear the node cache), done before this
+    returns (the probe node's ``/probe/unload_models``), so that the next prompt's loads do not depend on timing."""
+    status, body = http(url + "/probe/unload_models", {"free_memory": free_memory})
+    assert status == 200, body.decode()
 
 
 def run_prompt(url: str, prompt: dict, base: Path) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import scenario_table
 import swap_loaders
-from comfyui_server import finished_prompt, http
+from comfyui_server import finished_prompt, http, unload_models
 from safetensors.torch import load_file
 from workflow_api import load, official_template, ui_to_api
 from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
@@ -120,7 +120,7 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
     lines of its log, its host-to-device copies."""
     url, object_info, base = server
     log = base / "comfyui.log"
-    http(url + "/free", {"unload_models": True, "free_memory": True})
+    unload_models(url)
     if total_mb is not None:
         http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
                                          "reset_counters": True})

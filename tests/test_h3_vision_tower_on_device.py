@@ -33,7 +33,7 @@ sys.path.insert(0, str(PACK_ROOT / "tools"))
 import scenario_table  # noqa: E402
 import simulated_cores  # noqa: E402
 import synthetic_models  # noqa: E402
-from comfyui_server import SimulatedDevice, http  # noqa: E402
+from comfyui_server import SimulatedDevice, http, unload_models  # noqa: E402
 from seed_scenarios import (  # noqa: E402
     H3_REFERENCE_TO_VIDEO,
     RESERVE_MB,
@@ -98,7 +98,7 @@ def test_seed_001_vision_tower_bytes_per_prompt_pack_vs_stock(core, device_serve
         for loaders, pack, workflow in (("stock", False, stock_workflow), ("pack", True, pack_workflow)):
             server = device_servers(core, pack, device, vision_models, cache=True)
             url = server[0]
-            http(url + "/free", {"unload_models": True, "free_memory": True})
+            unload_models(url)
             http(url + "/simulated_device", {"total_mb": RESERVE_MB + resident_mb})
             for canvas in VISION_TOWER_CANVASES:
                 for index, text in enumerate(VISION_TOWER_PROMPTS):

@@ -8,14 +8,21 @@
 * ``TestProbeFixedLatent`` gives a latent of the input's shape (the last part of a nested one: MiniMax H3's audio)
   with fixed values, so that a decoder is compared on the same input on every device: the synthetic H3 audio VAE
   amplifies the sampled latent's last-bit differences far beyond any tolerance.
+* ``POST /probe/unload_models`` ``{"free_memory": bool}``: what the ``/free`` route asks of the prompt worker,
+  returned once the worker has taken the request, so the next prompt starts with nothing loaded.
 """
 
+import asyncio
+import gc
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import folder_paths
+import server
 import torch
+from aiohttp import web
 from safetensors.torch import save_file
 
 _spec = importlib.util.spec_from_file_location(
@@ -73,6 +80,26 @@ class TestProbeFixedLatent:
         samples = latent["samples"]
         shape = (samples.unbind()[-1] if samples.is_nested else samples).shape
         return ({"samples": torch.randn(shape, generator=torch.Generator().manual_seed(0))},)
+
+
+@server.PromptServer.instance.routes.post("/probe/unload_models")
+async def unload_models(request):
+    # A failed prompt's traceback keeps its models alive in reference cycles. Collected inside ComfyUI's free_memory
+    # loop, their finalizer (cleanup_models) shortens current_loaded_models under the loop's cached indices: IndexError,
+    # and the prompt worker thread dies (Comfy-Org/ComfyUI#14365). Collected here, before the worker unloads, it cannot.
+    gc.collect()
+    queue = server.PromptServer.instance.prompt_queue
+    flags = ["unload_models"] + (["free_memory"] if (await request.json()).get("free_memory") else [])
+    for name in flags:
+        queue.set_flag(name, True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        if not any(name in queue.get_flags(reset=False) for name in flags):
+            return web.json_response({"taken": True})
+        with queue.mutex:  # a notify reaches the worker only while it waits on the queue: again until it is taken
+            queue.not_empty.notify()
+    return web.json_response({"taken": False}, status=504)
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}
