@@ -130,7 +130,8 @@ def device_servers(device_models, tmp_path_factory):
     official templates' input images (small stand-ins in the core's input folder), the probe node installed, started
     once per key and shared by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py,
     tests/test_official_templates_on_device.py, tests/test_h3_vision_tower_on_device.py). ``--cache-none`` (every
-    prompt loads its models afresh) unless ``cache``: then ComfyUI keeps loaded models between prompts, as for a user."""
+    prompt loads its models afresh) unless ``cache``: then ComfyUI keeps loaded models between prompts, as for a user
+    (``--cache-classic``, tests/comfyui_server.py: whatever the machine's free RAM)."""
     import contextlib
     import time
 
