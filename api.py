@@ -5,7 +5,7 @@ stable; each goes through the registry, so a fix that is broken (its module fail
 from __future__ import annotations
 
 from . import registry
-from .registry.contract import State, log
+from .contract import State, log
 
 TRANSFORMERS_QWEN3VL_POS_EMBED = "transformers_qwen3vl_pos_embed"
 

@@ -6,8 +6,9 @@ one command and one report, for the day an NVIDIA GPU is at hand (never in CI; a
 Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build of torch installed).
 
 1. scenarios: every scenario of tests/seed_scenarios.py, the list the simulated-device tests run, at each of its
-   budgets, once in a server without the pack (stock loaders) and once with it (the pack's), on that ComfyUI as it
-   is: ``--reserve-vram`` is set so that ComfyUI's own free-memory reading (``torch.cuda.mem_get_info`` in the
+   budgets, once in a server without the pack (stock loaders) and once with it (the pack's), with the scenario's
+   loader: dynamic VRAM (ComfyUI's default on NVIDIA) or the legacy one (``--disable-dynamic-vram``), on that
+   ComfyUI as it is: ``--reserve-vram`` is set so that ComfyUI's own free-memory reading (``torch.cuda.mem_get_info`` in the
    server, read from ``/system_stats`` of a first server) leaves exactly the scenario's resident MB beyond
    ``minimum_inference_memory()``, so ComfyUI itself decides the partial loads; ``NVIDIA_TF32_OVERRIDE=0`` and fp32
    so that outputs compare with an all-CPU (``--cpu``) run of the same graph. The multi-device scenarios need two
@@ -22,8 +23,8 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
 4. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
 A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, the budget split the
-models as intended (a partial load logged at the "partial" and "smallest" budgets, except where ComfyUI never splits
-them: Music 3's text encoder and DAV), and the scenario's fix, where the start-up log says it is needed on that core,
+models as intended (legacy loader: a partial load logged at the "partial" and "smallest" budgets, except where
+ComfyUI never splits them: Music 3's text encoder and DAV; dynamic VRAM logs no partial loads), and the scenario's fix, where the start-up log says it is needed on that core,
 hooked more than 0 modules. The stock runs are reported, not
 judged: whether they fail depends on the ComfyUI core at PATH.
 
@@ -156,12 +157,15 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
             for index in sorted({run["index"] for run in runs if not run["skipped"]})}
     print("free as ComfyUI reads it: " + ", ".join(f"cuda:{i} {mb:.0f} MB" for i, mb in free.items()), flush=True)
     rows, failed = [], 0
-    servers = sorted({(run["pack"], run["index"], run["resident_mb"]) for run in runs if not run["skipped"]})
-    for pack, index, resident_mb in servers:
-        device = CudaDevice(reserve_vram_gb=reserve_vram_gb(free[index], resident_mb), index=index)
+    def server_of(run: dict) -> tuple:
+        return run["pack"], run["index"], run["resident_mb"], run["scenario"].loader
+
+    for pack, index, resident_mb, loader in sorted({server_of(run) for run in runs if not run["skipped"]}):
+        device = CudaDevice(reserve_vram_gb=reserve_vram_gb(free[index], resident_mb), index=index,
+                            dynamic_vram=loader == "dynamic")
         with server(args.comfyui, models, work, device, pack) as running:
             for run in runs:
-                if (run["pack"], run["index"], run["resident_mb"]) != (pack, index, resident_mb) or run["skipped"]:
+                if server_of(run) != (pack, index, resident_mb, loader) or run["skipped"]:
                     continue
                 scenario = run["scenario"]
                 reference = references[(scenario.workflow, scenario.make_prompt, scenario.probes)]
@@ -179,11 +183,12 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
                 verdict = "reported"
                 if pack:
                     passed = (result["error"] is None and diff is not None and diff <= TOLERANCE
-                              and (split or not scenario.splits or run["budget"] not in PARTIAL_BUDGETS)
+                              and (split or not scenario.splits or scenario.loader == "dynamic"
+                                   or run["budget"] not in PARTIAL_BUDGETS)
                               and (state != "needed" or hooks.get(scenario.fix, 0) > 0))
                     verdict = "pass" if passed else "FAIL"
                     failed += not passed
-                rows.append({"scenario": scenario.name, "budget": run["budget"], "loaders": loaders,
+                rows.append({"scenario": scenario.name, "budget": run["budget"], "loader": loader, "loaders": loaders,
                              "reserve_vram_gb": device.reserve_vram_gb, "device": f"cuda:{index}",
                              "error": result["error"], "loads": result["loads"], "partial_load": split,
                              "hooks": hooks, "fix_state": state, "max_abs_diff": diff,

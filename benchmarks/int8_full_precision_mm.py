@@ -65,8 +65,11 @@ def main() -> int:
     load_pack()
     from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
     from minimax_hotfix.diagnostics.report import comfyui_version
-    from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
-    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
+    from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (
+        MPS_INT_MM_ERROR,
+        forget_int8_probes,
+        unwrap_linear_input_act,
+    )
     from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK
     from minimax_hotfix.registry import key_for
 
@@ -127,7 +130,7 @@ def main() -> int:
         int8_bytes = sum(layer.weight._qdata.numel() + layer.weight._params.scale.numel() * 4 for layer in dense)
         cached_bytes = sum(vars(layer)[MARK].weights.nbytes for layer in dense)
     comfy.model_management.unload_all_models()
-    FIX.unwrap_linear_input_act()
+    unwrap_linear_input_act()
     torch._int_mm = real_int_mm
     forget_int8_probes()
 

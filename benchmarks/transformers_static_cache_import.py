@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELUDE = (
     "import sys, time, torch, transformers\n"
     f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
-    "import minimax_hotfix.registry, minimax_hotfix.registry.contract\n"
+    "import minimax_hotfix.registry, minimax_hotfix.contract\n"
 )
 CASES = {
     "guard": (

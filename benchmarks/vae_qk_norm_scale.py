@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from doctor import load_pack  # noqa: E402
 
 load_pack()
+from minimax_hotfix.contract import State  # noqa: E402
 from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing  # noqa: E402
 from minimax_hotfix.patches import vae_qk_norm_scale  # noqa: E402
-from minimax_hotfix.registry.contract import State  # noqa: E402
 
 FIX = vae_qk_norm_scale.FIX
 H3_DECODER_BUFFERS = 36 + 2  # one qk_norm_scale per block, the rotary inv_freq, mask_token

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Iterable
 
-from ..registry.contract import Check, Fix
+from ..contract import Check, Fix
 
 
 def self_test(fix: Fix) -> Iterable[Check]:

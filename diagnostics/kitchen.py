@@ -10,8 +10,8 @@ import types
 
 import torch
 
+from ..contract import Check
 from ..kernels.ck_rope_device import is_device_mismatch, rope_function_names
-from ..registry.contract import Check
 
 
 @contextlib.contextmanager

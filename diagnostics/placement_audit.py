@@ -33,7 +33,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..registry.comfy import comfy_module
+from ..contract.comfy import comfy_module
 from . import placement_audit_files
 from .comfyui_checkout import use_comfyui_checkout
 from .placement_runs import audit, exit_code, table

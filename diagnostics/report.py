@@ -12,8 +12,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contract import Check, Fix, package_version
 from ..registry import all_fixes, attachment, status
-from ..registry.contract import Check, Fix, package_version
 from ..registry.status_table import retirement_rows, status_rows, status_table, text_table
 from . import self_test
 from .progress import progress

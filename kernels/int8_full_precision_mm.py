@@ -54,12 +54,6 @@ def int8_compute_available(device) -> bool:
     return found
 
 
-def forget_int8_probes() -> None:
-    """Make the next ``int8_compute_available`` call probe again (tests; a doctor run that simulates a device)."""
-    with _probe_lock:
-        _int8_compute.clear()
-
-
 def _probe_int_mm(device: torch.device) -> bool:
     try:
         ones = torch.ones(_PROBE_SIZE, _PROBE_SIZE, dtype=torch.int8, device=device)

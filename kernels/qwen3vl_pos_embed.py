@@ -290,9 +290,18 @@ TINY_QWEN3VL_GRID = ((1, 4, 6), (2, 2, 2), (1, 10, 14))
 
 def tiny_qwen3vl_tower(vision_model_class: type, ops, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """A random tiny ``vision_model_class`` (ComfyUI's ``Qwen3VLVisionModel``) on the CPU with ``ops``; the same
-    weights whatever the ops (its own generator: the global random state is left alone)."""
+    weights whatever the ops (its own generator: the global random state is left alone).
+
+    The weights go in through ``load_state_dict``, as ComfyUI loads a model: under dynamic VRAM ComfyUI's ops build
+    their layers without weights (``Linear.weight is None``, materialized from the state dict) or on ``meta``, so
+    setting ``parameter.data`` fails there ("incompatible tensor type"). The state dict comes from the same tower built
+    with torch's own layers."""
     generator = torch.Generator().manual_seed(0)
-    tower = vision_model_class({**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}, dtype=dtype, ops=ops)
-    for parameter in tower.parameters():
-        parameter.data = torch.randn(parameter.shape, generator=generator).mul_(0.1).to(dtype)
+    config = {**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}
+    weights = vision_model_class(config, dtype=dtype, ops=torch.nn)
+    with torch.no_grad():
+        for parameter in weights.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator).mul_(0.1))
+    tower = vision_model_class(config, dtype=dtype, ops=ops)
+    tower.load_state_dict(weights.state_dict())
     return tower

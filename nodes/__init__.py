@@ -11,7 +11,7 @@ import copy
 import nodes as comfy_nodes
 
 from .. import registry
-from ..registry.contract import Target, log
+from ..contract import Target, log
 
 CATEGORY = "MiniMax Hotfix"
 

@@ -7,8 +7,7 @@ themselves are ``registry.known_errors.KNOWN_ERRORS``, loaded with the first req
 
 import asyncio
 
-from ..registry.contract import log
-from .swap_route import _load_tool
+from ..contract import log
 
 ROUTE = "/minimax_hotfix/known_error"
 
@@ -24,16 +23,16 @@ def _output_types(class_type: str) -> tuple:
 
 
 def _explain(body: dict):
+    from .. import swap_loaders
     from ..registry.known_errors import explain
 
-    tool = _load_tool()
     error, prompt = body.get("error"), body.get("prompt")
     if not isinstance(error, dict) or not isinstance(prompt, dict):
         return None
     prompt = {key: node for key, node in prompt.items()
               if isinstance(node, dict) and isinstance(node.get("class_type"), str)}
-    return explain(error, prompt, _output_types, tool.STOCK_TO_PACK,
-                   {io_type: apply_type for io_type, (apply_type, _) in tool.APPLY_NODE.items()})
+    return explain(error, prompt, _output_types, swap_loaders.STOCK_TO_PACK,
+                   {io_type: apply_type for io_type, (apply_type, _) in swap_loaders.APPLY_NODE.items()})
 
 
 def register_known_error_route() -> None:

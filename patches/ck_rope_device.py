@@ -32,6 +32,7 @@ import threading
 
 import torch
 
+from ..contract import Fix, Retirement, State, Status, Target, log
 from ..kernels.ck_rope_device import (
     device_aligned,
     is_device_mismatch,
@@ -39,7 +40,6 @@ from ..kernels.ck_rope_device import (
     rope_function_names,
     unaligned_kitchen,
 )
-from ..registry.contract import Fix, Retirement, State, Status, Target, log
 
 FIX_ID = "ck_rope_device"
 

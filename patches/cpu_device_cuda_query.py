@@ -45,9 +45,9 @@ from __future__ import annotations
 import inspect
 import threading
 
+from ..contract import Fix, Retirement, State, Status, Target, log
+from ..contract.comfy import comfy_module
 from ..kernels.cpu_device_cuda_query import asks_cuda_about_the_cpu, guarded, unguarded
-from ..registry.comfy import comfy_module
-from ..registry.contract import Fix, Retirement, State, Status, Target, log
 
 FIX_ID = "cpu_device_cuda_query"
 # where ComfyUI asks about its text encoder's load device: Llama2_.init_kv_cache (Music 3's fixed KV cache), and

@@ -40,6 +40,18 @@ import weakref
 
 import torch
 
+from ..contract import (
+    AttributeOverride,
+    Fix,
+    Retirement,
+    State,
+    Status,
+    Target,
+    log,
+    model_injection,
+    set_injection,
+)
+from ..contract.comfy import comfy_module
 from ..kernels.int8_full_precision_mm import (
     MARK,
     MODEL_KINDS,
@@ -50,18 +62,6 @@ from ..kernels.int8_full_precision_mm import (
     int8_compute_available,
     probe_paths,
     result_or_error,
-)
-from ..registry.comfy import comfy_module
-from ..registry.contract import (
-    AttributeOverride,
-    Fix,
-    Retirement,
-    State,
-    Status,
-    Target,
-    log,
-    model_injection,
-    set_injection,
 )
 
 _honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -209,14 +209,6 @@ class Int8FullPrecisionMM(Fix):
         ops = comfy_module("comfy.ops")
         if getattr(ops.linear_input_act, MARK, None) is None:
             ops.linear_input_act = diverting_linear_input_act(ops.linear_input_act)
-
-    def unwrap_linear_input_act(self) -> None:
-        """Put the original back, unless another pack has wrapped ours since (removing ours would drop theirs; ours
-        passes every unmarked layer straight through)."""
-        ops = comfy_module("comfy.ops")
-        ours = getattr(getattr(ops, "linear_input_act", None), MARK, None)
-        if ours is not None and ops.linear_input_act is ours:
-            ops.linear_input_act = ours.__wrapped__
 
 
 FIX = Int8FullPrecisionMM()

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import inspect
 
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
+from ..contract.comfy import comfy_module, is_music3_text_encoder
 from ..kernels.music3_graph_buffers import StaticBufferPool, with_decode_buffers
-from ..registry.comfy import comfy_module, is_music3_text_encoder
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 FIX_ID = "music3_graph_buffers"
 

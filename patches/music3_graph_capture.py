@@ -37,9 +37,9 @@ import re
 
 import torch
 
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target, log
+from ..contract.comfy import comfy_module, is_music3_text_encoder
 from ..kernels.music3_graph_capture import decide_unit
-from ..registry.comfy import comfy_module, is_music3_text_encoder
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target, log
 
 FIX_ID = "music3_graph_capture"
 GRAPH_GATE = re.compile(r'enable_graph\s*=\s*enable_graph\b[^\n]*getattr\(module,\s*"_v_block",\s*None\)\s*is not None')

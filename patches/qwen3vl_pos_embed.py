@@ -37,6 +37,8 @@ import weakref
 
 import torch
 
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
+from ..contract.comfy import comfy_module, qwen3vl_tower_class
 from ..kernels.qwen3vl_pos_embed import (
     TINY_QWEN3VL_GRID,
     ResidentPositionTables,
@@ -47,8 +49,6 @@ from ..kernels.qwen3vl_pos_embed import (
     tiny_qwen3vl_tower,
 )
 from ..kernels.tensor_versions import tensor_versions
-from ..registry.comfy import comfy_module, qwen3vl_tower_class
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
 

@@ -33,10 +33,10 @@ import re
 
 import torch
 
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
+from ..contract.comfy import comfy_module, qwen3vl_tower_class
 from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
-from ..registry.comfy import comfy_module, qwen3vl_tower_class
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, Target
 
 _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
 

@@ -36,6 +36,7 @@ import weakref
 
 import torch
 
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, log, remove_handles
 from ..kernels.qwen3vl_pos_embed import (
     compute_device,
     gather_rows,
@@ -43,7 +44,6 @@ from ..kernels.qwen3vl_pos_embed import (
     interpolated_position_table,
     track_compute_device,
 )
-from ..registry.contract import AttributeOverride, Fix, Retirement, State, Status, log, remove_handles
 
 METHOD_FORM, INDEXING_FORM = "method", "indexing"
 

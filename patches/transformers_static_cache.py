@@ -37,8 +37,8 @@ import sys
 import threading
 from typing import NamedTuple
 
-from ..registry.contract import Fix, Retirement, State, Status, Target, package_version
-from ..registry.on_import import WrapOnImport
+from ..contract import Fix, Retirement, State, Status, Target, package_version
+from ..contract.on_import import WrapOnImport
 
 FIX_ID = "transformers_static_cache"
 GENERATION_MODULE = "transformers.generation.utils"

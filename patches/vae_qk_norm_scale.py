@@ -39,10 +39,10 @@ import textwrap
 
 import torch
 
+from ..contract import Fix, Retirement, State, Status, Target
+from ..contract.comfy import comfy_module
 from ..kernels.lent_buffers import LentBuffers
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
-from ..registry.comfy import comfy_module
-from ..registry.contract import Fix, Retirement, State, Status, Target
 
 FIX_ID = "vae_qk_norm_scale"
 BUFFER = "qk_norm_scale"

@@ -31,7 +31,7 @@ import weakref
 from typing import NamedTuple
 
 from .. import patches
-from .contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
+from ..contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
 
 DISABLE_ENV = "MINIMAX_HOTFIX_DISABLE"
 

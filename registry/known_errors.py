@@ -15,8 +15,8 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
+from ..contract import State
 from . import attachment, fix_named, status
-from .contract import State
 
 PACK_NODE_PREFIX = "MiniMaxHotfix"
 DOCTOR = "python tools/doctor.py"

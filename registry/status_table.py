@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import textwrap
 
+from ..contract import Fix, State
 from . import all_fixes, attachment, broken_modules, status
-from .contract import Fix, State
 
 
 def status_rows(fixes: list[Fix] | None = None) -> list[tuple[str, str, str]]:

@@ -53,13 +53,22 @@ class SimulatedDevice:
     # --force-fp32 also keeps text encoders on the CPU (ComfyUI's text_encoder_device wants fp16 on the device): a
     # test of a text encoder on the device turns it off and compares with a --cpu run in the same dtypes
     force_fp32: bool = True
+    # ComfyUI's dynamic VRAM loader (ModelPatcherDynamic) over the stand-in comfy-aimdo
+    # (tests/simulated_device/dynamic_vram); else the legacy loader, as ComfyUI falls back to on a non-NVIDIA device
+    dynamic_vram: bool = False
+
+    @property
+    def loader(self) -> str:
+        return "dynamic" if self.dynamic_vram else "legacy"
 
     def options(self) -> tuple[str, ...]:
-        return tuple(option for option in SIMULATED_DEVICE_OPTIONS if self.force_fp32 or option != "--force-fp32")
+        options = tuple(option for option in SIMULATED_DEVICE_OPTIONS if self.force_fp32 or option != "--force-fp32")
+        return (*options, "--enable-dynamic-vram") if self.dynamic_vram else options
 
     def environment(self) -> dict:
         simulated_accelerator = simulated_accelerator_module()
-        path = os.pathsep.join(filter(None, (str(SIMULATED_DEVICE), os.environ.get("PYTHONPATH"))))
+        folders = ([SIMULATED_DEVICE / "dynamic_vram"] if self.dynamic_vram else []) + [SIMULATED_DEVICE]
+        path = os.pathsep.join(filter(None, (*map(str, folders), os.environ.get("PYTHONPATH"))))
         return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
                 simulated_accelerator.CURRENT_ENV: str(self.current)}
@@ -75,11 +84,13 @@ class CudaDevice:
     reserve_vram_gb: float | None = None
     index: int = 0
     text_encoder: bool = False
+    dynamic_vram: bool = False  # ComfyUI's default on NVIDIA; else --disable-dynamic-vram (the legacy loader)
 
     def options(self) -> tuple[str, ...]:
         reserve = () if self.reserve_vram_gb is None else ("--reserve-vram", f"{self.reserve_vram_gb:.6f}")
         default = ("--default-device", str(self.index)) if self.index else ()
-        return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *reserve, *default)
+        legacy = () if self.dynamic_vram else ("--disable-dynamic-vram",)
+        return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *reserve, *default, *legacy)
 
     def environment(self) -> dict:
         return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}

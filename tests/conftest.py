@@ -165,6 +165,26 @@ def device_servers(device_models, tmp_path_factory):
         yield server
 
 
+@pytest.fixture(scope="session")
+def h3_reference(device_servers):
+    """The all-CPU (``--cpu``) run of the seed 000 graph, the reference of every H3 device run."""
+    from seed_scenarios import REFERENCE_CORE, run, workflows
+
+    reference = run(device_servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
+    assert reference["error"] is None, reference["error"]
+    return reference
+
+
+@pytest.fixture(scope="session")
+def h3_int8_reference(device_servers, device_int8_models):
+    """The all-CPU (``--cpu``) run of the seed 004 graph with the dense (dequantized) copies of the int8 models."""
+    from seed_scenarios import run, workflows
+
+    reference = run(device_servers("0.33.0", True, None, device_int8_models[1]), workflows()[0], "int8_cpu_reference")
+    assert reference["error"] is None, reference["error"]
+    return reference
+
+
 END_TO_END_TESTS: set[str] = set()  # the tests that use device_servers
 END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time of its setup, call and teardown
 END_TO_END_RAN: set[str] = set()  # those that got to their call (not skipped)

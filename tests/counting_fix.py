@@ -4,7 +4,7 @@ the nodes' and the random-state tests."""
 import torch
 from torch import nn
 
-from minimax_hotfix.registry.contract import AttributeOverride, Fix, State, Status
+from minimax_hotfix.contract import AttributeOverride, Fix, State, Status
 
 
 def tiny_model():

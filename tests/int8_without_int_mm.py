@@ -4,10 +4,13 @@ models and the pack's ``linear_input_act`` wrapper after it. A plugin that tests
 
 import pytest
 import torch
+from comfy_memory import unload_all_models
 
-from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
-from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes
-from minimax_hotfix.patches.int8_full_precision_mm import FIX
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (
+    MPS_INT_MM_ERROR,
+    forget_int8_probes,
+    unwrap_linear_input_act,
+)
 
 
 @pytest.fixture
@@ -23,8 +26,7 @@ def int_mm_missing(monkeypatch):
 
 @pytest.fixture
 def unload():
-    import comfy.model_management
 
     yield
-    comfy.model_management.unload_all_models()
-    FIX.unwrap_linear_input_act()
+    unload_all_models()
+    unwrap_linear_input_act()

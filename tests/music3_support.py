@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.tiny_decoder import dequantize_q4_0
-from minimax_hotfix.registry.contract import State
 
 # projection_config of a tiny MiniMaxMusic3TEModel: 2 Llama layers
 TINY_MUSIC3_CONFIG = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,

@@ -5,6 +5,7 @@ semantics are pinned against the real class by running the same tests on both.""
 from __future__ import annotations
 
 import torch
+from comfy_memory import unload_all_models
 
 
 class StandInPatcher:
@@ -99,7 +100,7 @@ class ComfyBackend:
         self.mm.load_models_gpu([patcher], force_full_load=True)
 
     def unload(self, patcher):
-        self.mm.unload_all_models()
+        unload_all_models()
 
     def rebuild(self, patcher):
         return patcher.deepclone_multigpu()

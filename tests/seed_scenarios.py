@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import scenario_table
-import swap_loaders
 from comfyui_server import finished_prompt, http, unload_models
 from safetensors.torch import load_file
 from workflow_api import load, official_template, ui_to_api
 from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
+
+from minimax_hotfix import swap_loaders
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
 H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "MiniMax H3 text to video.json"
@@ -51,6 +52,10 @@ class Scenario:
     fix: str | None = None  # "fix@model" that must hook more than 0 modules where the fix is needed
     int_mm: bool = True  # False: on a device without torch._int_mm (MPS), which only the simulated device can be
     splits: bool = True  # ComfyUI loads a model partially at the "partial" and "smallest" budgets
+    # ComfyUI's loader on the device: "legacy" (ModelPatcher, ComfyUI's fallback where comfy-aimdo is off) or
+    # "dynamic" (dynamic VRAM: ModelPatcherDynamic over comfy-aimdo, the default on NVIDIA; on the simulated device
+    # over the stand-in comfy-aimdo, tests/simulated_device/dynamic_vram)
+    loader: str = "legacy"
 
     @property
     def devices_needed(self) -> int:
@@ -74,6 +79,17 @@ SCENARIOS = (
     Scenario("seed 002 Music 3", "test_seed_002_music3_on_the_device", MUSIC3, ("0.36/0.37 VAE",),
              {"full": 512, "partial": 100, "smallest": 0}, music3_prompt, probes=("encoded", "zeroed"),
              compared=("encoded.conditioning", "encoded.audio", "zeroed.conditioning"), splits=False),
+    # under dynamic VRAM (tests/test_dynamic_vram_on_device.py): the budget is what the vbars may keep resident
+    Scenario("seed 000 H3 t2v, dynamic VRAM", "test_seed_000_h3_under_dynamic_vram", H3_TEXT_TO_VIDEO,
+             ("0.36/0.37 VAE",), H3_RESIDENT_MB, h3_prompt, fix="vae_qk_norm_scale@MiniMaxH3VideoVAE",
+             loader="dynamic"),
+    Scenario("seed 004 H3 int8 without _int_mm, dynamic VRAM", "test_seed_004_h3_int8_under_dynamic_vram",
+             H3_TEXT_TO_VIDEO, ("0.33.0",), H3_INT8_RESIDENT_MB, h3_prompt,
+             fix="int8_full_precision_mm@MiniMaxH3VideoVAE", int_mm=False, loader="dynamic"),
+    Scenario("seed 002 Music 3, dynamic VRAM", "test_seed_002_music3_under_dynamic_vram", MUSIC3, ("0.36/0.37 VAE",),
+             {"full": 512, "partial": 100, "smallest": 0}, music3_prompt, probes=("encoded", "zeroed"),
+             compared=("encoded.conditioning", "encoded.audio", "zeroed.conditioning"), splits=False,
+             loader="dynamic"),
 )
 
 
@@ -123,7 +139,7 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
     unload_models(url)
     if total_mb is not None:
         http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
-                                         "reset_counters": True})
+                                         "vbar_mb": total_mb - RESERVE_MB, "reset_counters": True})
     start = len(log.read_text())
     prompt = make_prompt(without_missing_pack_nodes(workflow, object_info), object_info, tag)
     entry = finished_prompt(url, prompt, base)
@@ -133,7 +149,21 @@ def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_pr
                for name, value in load_file(path).items()}
     device = json.loads(http(url + "/simulated_device")[1]) if total_mb is not None else None
     return {"error": error_of(entry), "tensors": tensors, "loads": loads_of(text), "fix_lines": fix_lines_of(text),
-            "h2d": sum(nbytes for _, nbytes in device["host_to_device"].values()) if device else None}
+            "h2d": sum(nbytes for _, nbytes in device["host_to_device"].values()) if device else None,
+            "loader": loader_of(device), "vbar": device and device["dynamic_vram"]}
+
+
+def loader_of(device: dict | None) -> str:
+    """"dynamic" (ComfyUI's dynamic VRAM over the stand-in comfy-aimdo), "legacy", or "cpu" (a ``--cpu`` run)."""
+    return "cpu" if device is None else "dynamic" if device["dynamic_vram"] else "legacy"
+
+
+def vbar_summary(vbar: dict | None) -> str:
+    """MiB the dynamic VRAM faults put on the device, found there, and were refused (streamed instead)."""
+    if not vbar:
+        return "-"
+    counters = vbar["counters"]
+    return "/".join(f"{counters[name][1] / 2**20:.2f}" for name in ("faulted_in", "resident", "out_of_vram"))
 
 
 # Seed 001 (tests/test_h3_vision_tower_on_device.py; benchmarks/gpu_check.py): the H3 reference-to-video workflow's
@@ -183,9 +213,10 @@ def run_vision_tower(server, workflow: dict, text: str, canvas: str, tag: str, c
                                VISION_TOWER_CANVASES[canvas][0], tag)
     entry = finished_prompt(url, graph, base)
     text_log, saved = log.read_text()[start:], base / "output" / f"{tag}.safetensors"
+    device = json.loads(http(url + "/simulated_device")[1]) if counters else None
     return {"error": error_of(entry), "conditioning": load_file(saved)["conditioning"] if saved.exists() else None,
             "loads": loads_of(text_log), "fix_lines": fix_lines_of(text_log),
-            "by_shape": json.loads(http(url + "/simulated_device")[1])["host_to_device_by_shape"] if counters else None}
+            "by_shape": device and device["host_to_device_by_shape"], "vbar": device and device["dynamic_vram"]}
 
 
 def hook_counts(lines: list[str]) -> dict[str, int]:
@@ -213,12 +244,13 @@ def max_abs_diff(tensors: dict, reference: dict, compared=H3_COMPARED) -> float 
 
 def record(scenario, core, budget, loaders, result, reference, compared=H3_COMPARED):
     diff = max_abs_diff(result["tensors"], reference, compared)
-    row = {"scenario": scenario, "core": core, "budget": budget, "loaders": loaders,
+    row = {"scenario": scenario, "core": core, "budget": budget, "loader": result["loader"], "loaders": loaders,
            "outcome": "completed" if result["error"] is None else f"error: {result['error'][:150]}",
            "loads": "/".join(result["loads"]), "hooks": ", ".join(f"{k}={v}" for k, v in
                                                                   hook_counts(result["fix_lines"]).items()) or "-",
            "max_abs_diff": "-" if diff is None else f"{diff:.1e}",
-           "h2d": "-" if result["h2d"] is None else f"{result['h2d'] / 2**20:.2f} MiB"}
+           "h2d": "-" if result["h2d"] is None else f"{result['h2d'] / 2**20:.2f} MiB",
+           "vbar": vbar_summary(result["vbar"])}
     scenario_table.ROWS.append(row)
     print(" | ".join(str(value) for value in row.values()))
     return diff

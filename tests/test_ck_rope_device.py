@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
 from minimax_hotfix.kernels.ck_rope_device import (
@@ -26,7 +27,6 @@ from minimax_hotfix.kernels.ck_rope_device import (
 )
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.patches import ck_rope_device
-from minimax_hotfix.registry.contract import State
 
 FIX = ck_rope_device.FIX
 ROPE_NAMES = rope_function_names(comfy_kitchen)

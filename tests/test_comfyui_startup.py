@@ -1,7 +1,8 @@
 """The pack as ComfyUI's start-up loads it (``load_custom_node``, in a process of its own; needs COMFYUI_PATH):
-it imports only the registry, the nodes and the process-wide fixes with their kernels; and a fix file that raises at
-import leaves ComfyUI starting with every node of the pack, and the public ``attach_to_transformers_model`` a logged
-no-op. The broken cases run on a copy of the pack with the fix file broken in the copy."""
+it imports only the contract, the registry, the nodes and the process-wide fixes with their kernels; and a fix file
+that raises at import leaves ComfyUI starting with every node of the pack, and the public
+``attach_to_transformers_model`` a logged no-op. The broken cases run on a copy of the pack with the fix file broken
+in the copy."""
 
 import ast
 import shutil
@@ -15,15 +16,15 @@ from minimax_hotfix import api, patches
 from minimax_hotfix import registry as pack_registry
 
 ROOT = Path(__file__).resolve().parents[1]
-PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "nodes", "registry", "patches", "kernels", "diagnostics")
-# What ComfyUI's start-up imports of the pack: the registry, the nodes, the process-wide fixes and the kernels two of
-# them run at once (transformers_static_cache's waits for transformers' generation code).
-STARTUP_MODULES = ["__init__.py", "api.py", "kernels/__init__.py", "kernels/ck_rope_device.py",
-                   "kernels/cpu_device_cuda_query.py", "nodes/__init__.py", "nodes/known_error_route.py",
-                   "nodes/swap_route.py",
+PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "swap_loaders.py", "contract", "nodes", "registry", "patches",
+                "kernels", "diagnostics")
+# What ComfyUI's start-up imports of the pack: the contract, the registry, the nodes, the process-wide fixes and the
+# kernels two of them run at once (transformers_static_cache's waits for transformers' generation code).
+STARTUP_MODULES = ["__init__.py", "api.py", "contract/__init__.py", "contract/comfy.py", "contract/on_import.py",
+                   "kernels/__init__.py", "kernels/ck_rope_device.py", "kernels/cpu_device_cuda_query.py",
+                   "nodes/__init__.py", "nodes/known_error_route.py", "nodes/swap_route.py",
                    "patches/__init__.py", "patches/ck_rope_device.py", "patches/cpu_device_cuda_query.py",
-                   "patches/transformers_static_cache.py", "registry/__init__.py", "registry/comfy.py",
-                   "registry/contract.py", "registry/on_import.py"]
+                   "patches/transformers_static_cache.py", "registry/__init__.py"]
 # The fixes that load after start-up, with the first model or the status table: every fix but the process-wide ones
 # and transformers_qwen3vl_pos_embed, which loads with the first public call (LOAD makes it before the table is asked).
 PER_MODEL_FIXES = [name for name in pack_registry.fix_module_names()

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.self_tests.cpu_device_cuda_query import RED_TEXT
 from minimax_hotfix.kernels.cpu_device_cuda_query import asks_cuda_about_the_cpu, guarded, on_machine, unguarded
 from minimax_hotfix.patches.cpu_device_cuda_query import FIX
-from minimax_hotfix.registry.contract import State
 
 CPU, CUDA0 = torch.device("cpu"), torch.device("cuda", 0)
 GTX_1660_SUPER = types.SimpleNamespace(name="NVIDIA GeForce GTX 1660 SUPER", major=7, minor=5,
@@ -250,7 +250,7 @@ def test_self_test_red_then_green(comfy):
 
 
 def test_not_applicable_without_comfyui():
-    from minimax_hotfix.registry.comfy import comfy_module
+    from minimax_hotfix.contract.comfy import comfy_module
 
     if comfy_module("comfy.model_management") is not None:
         pytest.skip("ComfyUI is importable here; the tests above cover it")

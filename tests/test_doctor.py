@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from nested_pytest import pytest_command
 
+from minimax_hotfix.contract import Check, Fix, State, Status
 from minimax_hotfix.diagnostics.report import run_doctor
-from minimax_hotfix.registry.contract import Check, Fix, State, Status
 
 pytestmark = pytest.mark.usefixtures("fresh_detection")  # the fixes under test are on, whatever the off switch says
 

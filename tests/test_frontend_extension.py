@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
-import swap_loaders
 from cdp import Page, chromium_binary
 from comfyui_server import PACK_ROOT, comfyui_with_pack, http
 from user_workflows import music3_checkpoint, music3_gguf
 from workflow_api import MODEL_FILE_INPUTS, TEMPLATES, official_template
+
+from minimax_hotfix import swap_loaders
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]  # Chromium and a real ComfyUI server (tests/tiers.py)
 

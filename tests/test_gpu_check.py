@@ -13,7 +13,8 @@ from benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SIMULATED_DEVICE_TESTS = ROOT / "tests" / "test_seed_scenarios_on_device.py"
+SIMULATED_DEVICE_TESTS = (ROOT / "tests" / "test_seed_scenarios_on_device.py",
+                          ROOT / "tests" / "test_dynamic_vram_on_device.py")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def test_without_cuda_it_refuses_in_one_line_with_exit_2(tmp_path):
 def scenarios_of_the_simulated_device_tests() -> dict[str, str]:
     """test function -> the scenario it runs (its ``scenario = named("...")``)."""
     found = {}
-    for function in ast.parse(SIMULATED_DEVICE_TESTS.read_text(encoding="utf-8")).body:
+    for function in (node for path in SIMULATED_DEVICE_TESTS for node in ast.parse(path.read_text("utf-8")).body):
         if isinstance(function, ast.FunctionDef) and function.name.startswith("test_"):
             for node in ast.walk(function):
                 if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["scenario"]
@@ -78,10 +79,10 @@ def simulated_cuda(gpu_check, comfyui, monkeypatch):
     class SimulatedCuda(comfyui_server.SimulatedDevice):
         reserve_vram_gb: float | None = None
 
-    def cuda_device(reserve_vram_gb=None, index=0, text_encoder=False):
+    def cuda_device(reserve_vram_gb=None, index=0, text_encoder=False, dynamic_vram=False):
         resident_mb = FREE_MB - gpu_check.INFERENCE_MB - (reserve_vram_gb or 0) * 1024
         return SimulatedCuda(total_mb=seed_scenarios.RESERVE_MB + resident_mb, current=index,
-                             force_fp32=not text_encoder, reserve_vram_gb=reserve_vram_gb)
+                             force_fp32=not text_encoder, reserve_vram_gb=reserve_vram_gb, dynamic_vram=dynamic_vram)
 
     monkeypatch.setattr(comfyui_server, "CudaDevice", cuda_device)
     monkeypatch.setattr(gpu_check, "free_mb_on", lambda *args: FREE_MB)

@@ -20,16 +20,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
+from comfy_memory import unload_all_models
 from patchers import StandInPatcher
 from torch import nn
 
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
-from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
-from minimax_hotfix.kernels.int8_full_precision_mm import DequantizedLinear, forget_int8_probes, int8_compute_available
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (
+    MPS_INT_MM_ERROR,
+    forget_int8_probes,
+    unwrap_linear_input_act,
+)
+from minimax_hotfix.kernels.int8_full_precision_mm import DequantizedLinear, int8_compute_available
 from minimax_hotfix.patches import int8_full_precision_mm
 from minimax_hotfix.patches.int8_full_precision_mm import FIX, MARK, MODEL_KINDS
 from minimax_hotfix.registry import key_for
-from minimax_hotfix.registry.contract import State
 
 KEY = key_for(FIX)
 NEWEST_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
@@ -219,7 +224,7 @@ class ComfyCore(Core):
         self.loaded.append(patcher)  # ComfyUI holds patchers weakly: a collected one counts as unloaded
 
     def unload_all(self):
-        self.mm.unload_all_models()
+        unload_all_models()
         self.loaded.clear()
 
 
@@ -233,7 +238,7 @@ def core(request, monkeypatch):
         the_core = ComfyCore()
     yield the_core
     the_core.unload_all()
-    FIX.unwrap_linear_input_act()
+    unwrap_linear_input_act()
 
 
 class IntMM:
@@ -471,7 +476,7 @@ def test_a_lora_comfyui_patches_in_reaches_the_fallback(comfyui, int_mm):
         expected = reference(mlp.fc2, h, "swiglu")[1]
     finally:
         core.unload_all()
-        FIX.unwrap_linear_input_act()
+        unwrap_linear_input_act()
     assert max_diff(after, expected) <= 1e-5 * expected.abs().max().item()
     assert max_diff(after, before) > 1, "the patched weight is used, not the cached one"
 
@@ -562,7 +567,7 @@ def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):
     FIX.wrap_linear_input_act()
     assert core.ops.linear_input_act is wrapper and wrapper.__wrapped__ is stock
     assert inspect.signature(wrapper) == inspect.signature(stock)
-    FIX.unwrap_linear_input_act()
+    unwrap_linear_input_act()
     assert core.ops.linear_input_act is stock
 
     FIX.wrap_linear_input_act()
@@ -571,7 +576,7 @@ def test_linear_input_act_wrapper_is_installed_once_and_removed_again(core):
     core.ops.linear_input_act = other_pack
     FIX.wrap_linear_input_act()
     assert core.ops.linear_input_act is other_pack, "ours is found under another pack's wrapper, not stacked"
-    FIX.unwrap_linear_input_act()
+    unwrap_linear_input_act()
     assert core.ops.linear_input_act is other_pack, "removing ours from under theirs would drop theirs"
     core.ops.linear_input_act = stock
 
@@ -680,15 +685,15 @@ def test_real_minimax_h3_and_text_encoder_mlps(comfyui, int_mm, target):
     with pytest.raises(NotImplementedError, match=r"aten::_int_mm"):
         mlp(x)
 
-    comfy.model_management.unload_all_models()
+    unload_all_models()
     fixed = stock.clone()
     FIX.attach(fixed, KEY)
     try:
         comfy.model_management.load_models_gpu([fixed], force_full_load=True)
         out = mlp(x)
     finally:
-        comfy.model_management.unload_all_models()
-        FIX.unwrap_linear_input_act()
+        unload_all_models()
+        unwrap_linear_input_act()
     print(f"[comfyui] real {type(mlp).__module__}.MLP ({target}): "
           f"max|fallback - fp32 ref| = {max_diff(out, expected):.2e}")
     assert max_diff(out, expected) <= 1e-4 * expected.abs().max().item()

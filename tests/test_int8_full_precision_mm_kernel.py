@@ -4,11 +4,8 @@ import pytest
 import torch
 from comfy_kitchen.tensor import QuantizedTensor
 
-from minimax_hotfix.kernels.int8_full_precision_mm import (
-    DequantizedWeightCache,
-    forget_int8_probes,
-    int8_compute_available,
-)
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import forget_int8_probes
+from minimax_hotfix.kernels.int8_full_precision_mm import DequantizedWeightCache, int8_compute_available
 
 MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented for the MPS device."
 

@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 import synthetic_models
 import torch
+from comfy_memory import unload_all_models
 
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
 from minimax_hotfix.kernels.int8_full_precision_mm import MARK
@@ -162,14 +163,14 @@ def test_q8_cr_gguf_dit_red_then_green_through_apply_model(comfyui, tmp_path, re
     state, qtypes = q8_cr_state_dict(path)
     stock = comfy.sd.load_diffusion_model_state_dict(state, model_options={"custom_operations": gguf_q8_ops()})
     expected = sample_step(comfy.sd.load_diffusion_model_state_dict(dequantized))
-    comfy.model_management.unload_all_models()
+    unload_all_models()
 
     model = stock.model.diffusion_model
     assert all(type(model.get_submodule(layer).weight).__name__ == "QuantizedTensor" for layer in int8_layers)
     with pytest.raises(NotImplementedError) as red:
         sample_step(stock)  # red: the fork's DiT at sampler step 0
     assert str(red.value) == MPS_INT_MM_ERROR
-    comfy.model_management.unload_all_models()
+    unload_all_models()
 
     (applied,) = pack_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyModel"]().apply(model=stock)
     out = sample_step(applied)
@@ -183,6 +184,6 @@ def test_q8_cr_gguf_dit_red_then_green_through_apply_model(comfyui, tmp_path, re
     assert diverted == set(int8_layers)
     assert max(diffs) <= 1e-5 * max(e.abs().max().item() for e in expected)
 
-    comfy.model_management.unload_all_models()
+    unload_all_models()
     with pytest.raises(NotImplementedError, match=re.escape(MPS_INT_MM_ERROR)):
         sample_step(stock)  # the loader's own MODEL is untouched by the Apply node's clone

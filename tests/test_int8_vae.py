@@ -23,10 +23,10 @@ import pytest
 import synthetic_models
 import torch
 
-from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
-from minimax_hotfix.kernels.int8_full_precision_mm import MARK, forget_int8_probes
+from minimax_hotfix.contract import State
+from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR, forget_int8_probes
+from minimax_hotfix.kernels.int8_full_precision_mm import MARK
 from minimax_hotfix.patches.int8_full_precision_mm import FIX, MODEL_KINDS
-from minimax_hotfix.registry.contract import State
 
 ROOT = Path(__file__).resolve().parents[1]
 # The latent of one 32x32 frame: [batch, 24 channels, 1 latent frame, 2, 2]

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import pytest
 import simulated_cores
-import swap_loaders
 from cdp import Page, chromium_binary
 from comfyui_server import PACK_ROOT, SimulatedDevice
 from seed_scenarios import H3_RESIDENT_MB, RESERVE_MB
 
+from minimax_hotfix import swap_loaders
 from minimax_hotfix.registry import DISABLE_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e,

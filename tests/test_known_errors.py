@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-import swap_loaders
 from user_workflows import music3_gguf
 from workflow_api import load, ui_to_api
 
+from minimax_hotfix import swap_loaders
+from minimax_hotfix.contract import Fix, State, Status, Target
 from minimax_hotfix.registry import fix_module_names
-from minimax_hotfix.registry.contract import Fix, State, Status, Target
 from minimax_hotfix.registry.known_errors import KNOWN_ERRORS, Remedy, explain, known_error, model_sources
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,14 +20,15 @@ import types
 
 import pytest
 import torch
+from comfy_memory import unload_all_models
 from music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, emulated_capture
 from minimax_hotfix.patches.music3_graph_buffers import FIX as BUFFERS
 from minimax_hotfix.patches.music3_graph_capture import FIX as CAPTURE
 from minimax_hotfix.patches.music3_graph_capture import graph_units
-from minimax_hotfix.registry.contract import State
 
 PROMPT = [[151669, 100, 200, 300, 151670, 151671, 151672]]
 FRAMES = 6
@@ -101,7 +102,7 @@ def graphs(comfy, monkeypatch):
         # when it is on): on for as long as the emulated graphs are, as on a CUDA machine with comfy-aimdo
         monkeypatch.setattr(comfy.prefetch, "malloc_graph_enabled", lambda device: emulation.enabled)
     yield emulation
-    comfy.model_management.unload_all_models()
+    unload_all_models()
     gc.collect()  # a failed generate's traceback keeps its encoder referenced until collected
 
 
@@ -233,5 +234,5 @@ def test_gguf_q4_0_unit_green_with_the_pack_other_units_keep_graphs(comfy, graph
     assert all(roots[0]._v_block is not None for roots in graph_units(encoder) if roots[0] is not layers[GGUF_LAYER])
     assert set(graphs.graphs) == {encoder.model.audio_decoder, *(l for i, l in enumerate(layers) if i != GGUF_LAYER)}
     assert torch.equal(graphs_on, graphs_off)
-    comfy.model_management.unload_all_models()
+    unload_all_models()
     assert layers[GGUF_LAYER]._v_block == ("vbar block",)  # ejecting restores what the load set

@@ -11,12 +11,12 @@ import torch
 from concurrency import failures_running_concurrently
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_pos_embed as tower_kit
 from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from minimax_hotfix.kernels.qwen3vl_pos_embed import interpolated_position_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
-from minimax_hotfix.registry.contract import remove_handles
 
 GRID = TINY_QWEN3VL_GRID
 pixels = tower_kit.tiny_pixels
@@ -47,6 +47,30 @@ def test_detect_applies_on_this_comfyui():
     status = pack_registry.status(fix.FIX)
     assert status.state is pack_registry.State.NEEDED, status.reason
     assert "interpolates on the CPU" in status.reason
+
+
+@pytest.mark.parametrize("fix_id", ["qwen3vl_pos_embed", "qwen3vl_rotary_table"])
+def test_detect_under_dynamic_vram(monkeypatch, fix_id):
+    """Under dynamic VRAM (ComfyUI's default on NVIDIA) ComfyUI's ops build layers without weights, materialized from
+    the state dict at load. Red: a tiny tower whose weights are set through ``parameter.data`` (how the pack built it
+    before the seed 001 dynamic-VRAM scenario found it) cannot be built, so detection failed and both tower fixes
+    were left off exactly where they matter most. Green: built through ``load_state_dict``, detection finds them
+    needed."""
+    import comfy.memory_management
+    import comfy.ops
+    from comfy.text_encoders.qwen3vl import Qwen3VLVisionModel
+
+    from minimax_hotfix.kernels.qwen3vl_pos_embed import TINY_QWEN3VL_TOWER
+
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    tower = Qwen3VLVisionModel({**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}, dtype=torch.float32,
+                               ops=comfy.ops.manual_cast)
+    assert tower.blocks[0].attn.qkv.weight is None  # materialized by load_state_dict
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        for parameter in tower.parameters():
+            parameter.data = torch.randn(parameter.shape)
+    status = pack_registry.status(pack_registry.fix_named(fix_id))
+    assert status.state is pack_registry.State.NEEDED, status.reason
 
 
 @pytest.mark.cores("0.38 Qwen3-VL", "0.39 era")

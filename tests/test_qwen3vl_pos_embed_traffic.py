@@ -15,9 +15,9 @@ import torch
 
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.benchmarks._host_to_meta import HostToMeta
+from minimax_hotfix.contract import remove_handles
 from minimax_hotfix.kernels.qwen3vl_pos_embed import ResidentPositionTables, interpolated_position_table
 from minimax_hotfix.patches import qwen3vl_pos_embed as fix
-from minimax_hotfix.registry.contract import remove_handles
 
 HIDDEN, TABLE_ROWS = 1152, 2304
 IMAGES = {"512x512": (1, 32, 32), "768x768": (1, 48, 48), "1024x1024": (1, 64, 64)}  # patches of 16 px

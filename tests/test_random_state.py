@@ -30,8 +30,8 @@ from registry_state import forget_detection
 from torch import nn
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State
 from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
-from minimax_hotfix.registry.contract import State
 from minimax_hotfix.registry.status_table import status_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +198,8 @@ def test_static_cache_first_generate_probe_keeps_a_seeded_result(monkeypatch):
 
 
 def test_int8_compute_probe_keeps_the_random_state():
-    from minimax_hotfix.kernels.int8_full_precision_mm import forget_int8_probes, int8_compute_available
+    from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import forget_int8_probes
+    from minimax_hotfix.kernels.int8_full_precision_mm import int8_compute_available
 
     forget_int8_probes()
     keeps_random_state([int8_full_precision_mm.FIX_ID], "first-use probe: int8 compute on cpu and meta",

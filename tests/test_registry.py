@@ -11,7 +11,7 @@ from patchers import ComfyBackend, StandInBackend
 
 from minimax_hotfix import patches
 from minimax_hotfix import registry as pack_registry
-from minimax_hotfix.registry.contract import State, Status
+from minimax_hotfix.contract import State, Status
 
 pytestmark = pytest.mark.usefixtures("fresh_detection")  # the guarantees hold for fixes the off switch leaves on
 
@@ -188,7 +188,7 @@ def status_report_rows():
 def test_a_fix_module_that_fails_to_import_is_skipped(registry, tmp_path, caplog):
     (tmp_path / "broken_fix.py").write_text("raise ImportError('needs a newer ComfyUI')\n")
     (tmp_path / "good_fix.py").write_text(
-        "from minimax_hotfix.registry.contract import Fix, State, Status\n"
+        "from minimax_hotfix.contract import Fix, State, Status\n"
         "class Good(Fix):\n    id = 'good_fix'\n    targets = ('vae',)\n"
         "    def detect(self):\n        return Status(State.NOT_APPLICABLE, 'test')\n"
         "FIX = Good()\n"

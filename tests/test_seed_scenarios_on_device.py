@@ -32,7 +32,7 @@ PACK_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
 from comfyui_server import SimulatedDevice, simulated_accelerator_module
-from seed_scenarios import MIXED, REFERENCE_CORE, budgets, fix_state, hook_counts, named, record, run, workflows
+from seed_scenarios import MIXED, budgets, fix_state, hook_counts, named, record, run, workflows
 
 MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 
@@ -43,14 +43,6 @@ H3_DIT = "MiniMaxH3"  # ComfyUI's model class of the H3 DiT, as the fixes' log l
 
 def slug(core: str) -> str:
     return core.replace("/", "_").replace(" ", "_").replace(".", "")
-
-
-@pytest.fixture(scope="module")
-def h3_reference(device_servers):
-    """The all-CPU (``--cpu``) run of the seed 000 graph, the reference of every H3 device run."""
-    reference = run(device_servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
-    assert reference["error"] is None, reference["error"]
-    return reference
 
 
 @pytest.mark.parametrize("core", named("seed 000 H3 t2v").cores)
@@ -77,14 +69,6 @@ def test_seed_000_h3_vae_decode_under_partial_loads(core, device_servers, h3_ref
     startup_status = fix_state(device_servers(core, True, device)[2], fix)
     print(f"{core}: {fix} ({model}): {startup_status}")
     assert startup_status == ("fixed upstream" if core == "fixed VAE" else "needed")
-
-
-@pytest.fixture(scope="module")
-def h3_int8_reference(device_servers, device_int8_models):
-    """The all-CPU (``--cpu``) run of the seed 004 graph with the dense (dequantized) copies of the int8 models."""
-    reference = run(device_servers("0.33.0", True, None, device_int8_models[1]), workflows()[0], "int8_cpu_reference")
-    assert reference["error"] is None, reference["error"]
-    return reference
 
 
 @pytest.mark.parametrize("core", named("seed 004 H3 int8 without _int_mm").cores)

@@ -1,7 +1,7 @@
-"""tools/swap_loaders.py: swaps every stock loader (subgraphs, group nodes and API format included), inserts the
-Apply node after every other MODEL/CLIP/VAE loader, changes nothing else, reverses exactly, writes safely
-(atomically, through symlinks, keeping mode and owner, never a read-only file or its input unless told to), and
-fails clearly with one prefix."""
+"""The swap (swap_loaders.py) and its command line (tools/swap_loaders.py): swaps every stock loader (subgraphs,
+group nodes and API format included), inserts the Apply node after every other MODEL/CLIP/VAE loader, changes nothing
+else, reverses exactly, writes safely (atomically, through symlinks, keeping mode and owner, never a read-only file or
+its input unless told to), and fails clearly with one prefix."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from user_workflows import music3_checkpoint, music3_gguf
+from workflow_fuzzing import minimax_templates
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "swap_loaders.py"
-sys.path.insert(0, str(TOOL.parent))
-import swap_loaders  # noqa: E402
-from swap_loaders import ATTRIBUTION_KEYS, INSERTED_KEY, ORIGINAL_KEY, PACK_TO_STOCK, STOCK_TO_PACK  # noqa: E402
-from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
-from workflow_fuzzing import minimax_templates  # noqa: E402
+import swap_loaders as command_line  # tools/swap_loaders.py (tests/conftest.py puts tools/ on the path)
+from minimax_hotfix import swap_loaders
+from minimax_hotfix.swap_loaders import ATTRIBUTION_KEYS, INSERTED_KEY, ORIGINAL_KEY, PACK_TO_STOCK, STOCK_TO_PACK
+
+PACK_ROOT = Path(__file__).resolve().parents[1]
+TOOL = PACK_ROOT / "tools" / "swap_loaders.py"
 
 pytestmark = pytest.mark.stdlib  # the swap tool is standard library only: run 1 alone runs these
 
@@ -125,9 +127,9 @@ CHANGED_TEMPLATES = [(name, text) for name, text in MINIMAX_TEMPLATES if swap_lo
 def test_command_line_swap_then_reverse_gives_the_same_bytes(name, text, tmp_path):
     source = tmp_path / name
     source.write_text(text, encoding="utf-8")
-    assert swap_loaders.main([str(source)]) == 0
+    assert command_line.main([str(source)]) == 0
     swapped = tmp_path / name.replace(".json", ".minimax-hotfix.json")
-    assert swap_loaders.main([str(swapped), "--reverse", "-o", str(tmp_path / "back.json")]) == 0
+    assert command_line.main([str(swapped), "--reverse", "-o", str(tmp_path / "back.json")]) == 0
     assert (tmp_path / "back.json").read_bytes() == source.read_bytes()
     assert source.read_text(encoding="utf-8") == text
 
@@ -211,18 +213,27 @@ def test_api_format_is_swapped_and_reversed_exactly():
 
 
 def test_pack_attribution_uses_the_version_of_pyproject_embedded_in_the_tool():
-    pyproject = TOOL.parents[1] / "pyproject.toml"
+    pyproject = PACK_ROOT / "pyproject.toml"
     assert swap_loaders.VERSION == tomllib.loads(pyproject.read_text())["project"]["version"]
     doc = {"nodes": [_node(1, "CLIPLoader", _core("CLIPLoader"))], "links": []}
     swap_loaders.swap(doc)
     assert doc["nodes"][0]["properties"]["ver"] == swap_loaders.VERSION
 
 
-def test_the_tool_needs_only_the_standard_library():
-    tree = ast.parse(TOOL.read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+def _not_stdlib_imports(path: Path, module_level_only: bool = False) -> set:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module}
+    return {name for name in imported if name.split(".")[0] not in sys.stdlib_module_names}
+
+
+def test_the_swap_needs_only_the_standard_library():
+    """The library imports nothing, not even of the pack; its command line only the library and tools/doctor.py
+    for ``load_pack`` (whose module level is standard library only)."""
+    assert _not_stdlib_imports(PACK_ROOT / "swap_loaders.py") == set()
+    assert _not_stdlib_imports(PACK_ROOT / "tools" / "doctor.py", module_level_only=True) == set()
+    assert _not_stdlib_imports(TOOL) == {"doctor", "minimax_hotfix.swap_loaders"}
 
 
 # ---- command line ----
@@ -298,7 +309,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    assert swap_loaders.main([str(target), "--in-place"]) == 1
+    assert command_line.main([str(target), "--in-place"]) == 1
     assert target.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["flow.json"]
 
@@ -311,8 +322,8 @@ def test_layout_of_the_input_is_kept(tmp_path):
                        ("ascii.json", json.dumps(doc, indent=4))]:
         source = tmp_path / name
         source.write_text(text, encoding="utf-8")
-        assert swap_loaders.main([str(source), "-o", str(tmp_path / "s.json")]) == 0
-        assert swap_loaders.main([str(tmp_path / "s.json"), "--reverse", "-o", str(tmp_path / "r.json")]) == 0
+        assert command_line.main([str(source), "-o", str(tmp_path / "s.json")]) == 0
+        assert command_line.main([str(tmp_path / "s.json"), "--reverse", "-o", str(tmp_path / "r.json")]) == 0
         assert (tmp_path / "r.json").read_text(encoding="utf-8") == text, name
 
 
@@ -373,13 +384,13 @@ def test_inside_a_subgraph_the_apply_node_feeds_the_subgraph_output_too():
 
 
 def test_an_output_already_going_through_the_apply_node_is_left_alone():
-    workflow = json.loads((TOOL.parents[1] / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json").read_text())
+    workflow = json.loads((PACK_ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json").read_text())
     assert not swap_loaders.swap(copy.deepcopy(workflow)).inserted
 
 
 def test_reverse_of_a_workflow_the_tool_did_not_write_names_the_pack_nodes_it_keeps(tmp_path):
     source = tmp_path / "gguf.json"
-    shutil.copy(TOOL.parents[1] / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json", source)
+    shutil.copy(PACK_ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json", source)
     result = _run(source, "--reverse")
     assert result.returncode == 0
     assert ("kept, not inserted by this tool: node 3 (MiniMaxHotfixApplyCLIP), node 5 (MiniMaxHotfixStatus)"
@@ -411,7 +422,7 @@ def test_api_format_loaders_get_the_apply_node_and_unknown_loaders_a_warning():
 
 
 def test_rules_module_is_the_committed_web_swap_rules_js():
-    committed = (TOOL.parents[1] / "web" / "swap_rules.js").read_text(encoding="utf-8")
+    committed = (PACK_ROOT / "web" / "swap_rules.js").read_text(encoding="utf-8")
     assert committed == swap_loaders.rules_module(), "regenerate: python tools/swap_loaders.py --print-rules > web/swap_rules.js"
     assert _run("--print-rules").stdout == committed
 
@@ -501,14 +512,19 @@ def test_usage_errors_have_the_same_prefix(tmp_path):
     assert result.returncode == 2 and "swap_loaders: error: -o/--output takes one FILE" in result.stderr
 
 
-def test_a_copy_of_the_tool_alone_works_on_ui_format(tmp_path):
-    alone = tmp_path / "elsewhere" / "swap_loaders.py"
-    alone.parent.mkdir()
-    shutil.copy(TOOL, alone)
+def test_the_command_line_loads_the_swap_alone_from_any_folder(tmp_path):
+    """Run from elsewhere (``python -I``: neither the working folder nor tools/ on the path), the tool loads the
+    pack's swap_loaders.py and nothing else of the pack: not its ComfyUI entry point, no torch."""
     source = _workflow_file(tmp_path)
-    result = subprocess.run([sys.executable, "-I", str(alone), str(source), "-o", "-"], capture_output=True, text=True)
+    code = (f"import runpy, sys\nsys.argv = [{str(TOOL)!r}, {str(source)!r}, '-o', '-']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as done:\n"
+            "    assert done.code == 0, done.code\n"
+            "print(sorted(name for name in sys.modules if name.split('.')[0] in ('minimax_hotfix', 'torch', 'comfy')),"
+            " file=sys.stderr)\n")
+    result = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["nodes"][0]["properties"]["ver"] == swap_loaders.VERSION
+    assert result.stderr.splitlines()[-1] == "['minimax_hotfix', 'minimax_hotfix.swap_loaders']", result.stderr
 
 
 def test_only_one_node_is_swapped_when_asked():

@@ -31,11 +31,13 @@ from workflow_fuzzing import (
     file_bytes,
     frontend_workflows,
     layouts,
-    swap_loaders,
     ui_seeds,
     without_comfyui_only,
     workflows,
 )
+
+import swap_loaders as command_line  # tools/swap_loaders.py (tests/conftest.py puts tools/ on the path)
+from minimax_hotfix import swap_loaders
 
 pytestmark = pytest.mark.stdlib  # the swap tool is standard library only: run 1 alone runs these
 
@@ -61,7 +63,7 @@ def expected_error(source: Path, reverse: bool):
 def in_process(args: list[str]) -> tuple[int, str]:
     stderr, stdout = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(stdout):
-        code = swap_loaders.main(args)
+        code = command_line.main(args)
     return code, stderr.getvalue()
 
 
@@ -82,7 +84,7 @@ def check_command_line(data: bytes, reverse: bool, run) -> None:
         assert lines and all(line.startswith("swap_loaders: ") for line in lines), stderr
         error = expected_error(source, reverse)
         if error is not None:
-            assert (code, lines) == (1, [f"swap_loaders: error: {swap_loaders.one_line(error)}"])
+            assert (code, lines) == (1, [f"swap_loaders: error: {command_line.one_line(error)}"])
             assert os.listdir(folder) == ["workflow.json"], "a partial output or temporary file"
             return
         assert code == 0, stderr
@@ -263,7 +265,7 @@ def test_the_library_refuses_what_the_command_line_refuses_and_changes_nothing()
         doc = copy.deepcopy(content)
         with pytest.raises(swap_loaders.WorkflowError) as refused:
             swap_loaders.swap(doc, reverse=reverse)
-        assert swap_loaders.one_line(str(refused.value)) == message and doc == content
+        assert command_line.one_line(str(refused.value)) == message and doc == content
 
 
 # ---- Windows: no POSIX-only os names, CRLF and byte order marks ----
@@ -295,14 +297,14 @@ def test_writes_work_without_posix_os_names_and_keep_crlf_and_bom(layout, window
     source.write_bytes(original)
     existing.write_text("old")
     os.chmod(existing, 0o640)
-    assert swap_loaders.main([str(source), "-o", str(existing)]) == 0
+    assert command_line.main([str(source), "-o", str(existing)]) == 0
     assert stat.S_IMODE(existing.stat().st_mode) == 0o640
     swapped = existing.read_bytes()
     assert swapped.startswith(b"\xef\xbb\xbf") == layout["bom"] and (b"\r\n" in swapped) == layout["crlf"]
     assert b"MiniMaxHotfixVAELoader" in swapped
-    assert swap_loaders.main([str(source), "--in-place"]) == 0
+    assert command_line.main([str(source), "--in-place"]) == 0
     assert source.read_bytes() == swapped
-    assert swap_loaders.main([str(source), "--in-place", "--reverse"]) == 0
+    assert command_line.main([str(source), "--in-place", "--reverse"]) == 0
     assert source.read_bytes() == original, "swap then reverse gives the same bytes, CRLF and BOM included"
     assert sorted(os.listdir(tmp_path)) == ["existing.json", "flow.json"]
 

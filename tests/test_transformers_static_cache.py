@@ -26,12 +26,12 @@ import transformers
 from generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode
 from minimax_hotfix.kernels.transformers_static_cache import move_nested, nested_tensors
 from minimax_hotfix.patches import transformers_static_cache as shim
-from minimax_hotfix.registry.contract import State
 from minimax_hotfix.registry.status_table import status_rows
 
 pytestmark = [pytest.mark.filterwarnings("ignore:You are calling .generate:UserWarning"),  # host inputs on purpose
@@ -185,7 +185,7 @@ def test_install_is_lazy_and_reversible():
         f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
         "from minimax_hotfix.patches import transformers_static_cache as shim\n"
         "from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels\n"
-        "from minimax_hotfix.registry.contract import State\n"
+        "from minimax_hotfix.contract import State\n"
         "from minimax_hotfix import registry as pack_registry\n"
         "assert shim.FIX in pack_registry.fixes_for('process')\n"
         "assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM, 'no guard at pack load on a fixed transformers'\n"

@@ -18,6 +18,7 @@ import torch
 from newer_linear_input_act import use_newer_linear_input_act
 
 from minimax_hotfix import registry as pack_registry
+from minimax_hotfix.contract import State, remove_handles
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
@@ -26,7 +27,6 @@ from minimax_hotfix.kernels.ck_rope_device import is_device_mismatch
 from minimax_hotfix.kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from minimax_hotfix.kernels.resident_copies import ResidentCopies
 from minimax_hotfix.patches import vae_qk_norm_scale
-from minimax_hotfix.registry.contract import State, remove_handles
 
 FIX = vae_qk_norm_scale.FIX
 

@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import re
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,8 +28,6 @@ from hypothesis import strategies as st
 PACK_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
-sys.path.insert(0, str(PACK_ROOT / "tools"))
-import swap_loaders  # noqa: E402
 from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
 from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
 from workflow_api import (  # noqa: E402
@@ -43,6 +40,8 @@ from workflow_api import (  # noqa: E402
     ui_to_api,
 )
 from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
+
+from minimax_hotfix import swap_loaders
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)
 THUMBNAIL_MAX_BYTES = 30 * 1024

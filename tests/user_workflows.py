@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from minimax_hotfix import swap_loaders
+
 PACK_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PACK_ROOT / "tools"))
-import swap_loaders  # noqa: E402
 
 
 def _stock(name: str) -> dict:

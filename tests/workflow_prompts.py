@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from pathlib import Path
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PACK_ROOT / "tools"))
-import swap_loaders  # noqa: E402
 from workflow_api import MODEL_FOLDERS, OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
+
+from minimax_hotfix import swap_loaders
 
 MUSIC3 = PACK_ROOT / "workflows" / "MiniMax Music 3.json"
 MUSIC3_SECONDS = 0.2  # 5 AR frames: the widget values a user would lower for a short clip

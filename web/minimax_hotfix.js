@@ -1,5 +1,5 @@
 // MiniMax Hotfix in ComfyUI's browser UI: node menu entries and workflow commands that move a workflow onto the
-// pack. The swap itself runs on the server (POST /minimax_hotfix/swap, the pack's tools/swap_loaders.py), so the
+// pack. The swap itself runs on the server (POST /minimax_hotfix/swap, the pack's swap_loaders.py), so the
 // browser and the command line give the same result; swap_rules.js (generated from the tool) decides which nodes
 // get which entry. A change is loaded as one step of the workflow's undo history. When a prompt fails with an error
 // that one of the pack's fixes repairs (POST /minimax_hotfix/known_error, the pack's registry/known_errors.py), a

@@ -8,9 +8,9 @@ import functools
 
 import torch
 
+from ...contract import Check
 from ...kernels.ck_rope_device import device_aligned, unaligned_kitchen
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
-from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..kitchen import real_kitchen_routing, red_check, rope_inputs
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check
+from ...contract.comfy import comfy_module
 from ...kernels.cpu_device_cuda_query import guarded, on_machine
 from ...patches.cpu_device_cuda_query import FIX
-from ...registry.comfy import comfy_module
-from ...registry.contract import Check
 
 RED_TEXT = "Expected a cuda device, but got: cpu"
 CPU = torch.device("cpu")

@@ -2,7 +2,8 @@
 accelerator if it lacks the op, else CPU with the op simulated away: comfy-kitchen's CPU backend calls torch._int_mm,
 its CUDA one does not). Green: the fix matches a linear with the dequantized weight; where int8 compute exists the
 fused kernel runs. Without ComfyUI the same checks run on comfy-kitchen's int8 linear itself, diverted by the pack's
-kernel."""
+kernel. Also what simulating a device without ``torch._int_mm`` needs and the running pack never does, for this
+self-test, the tests and the benchmark: ``forget_int8_probes`` and ``unwrap_linear_input_act``."""
 
 from __future__ import annotations
 
@@ -13,22 +14,39 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
+from ...contract import AttributeOverride, Check, State, remove_handles
+from ...contract.comfy import comfy_module
+from ...kernels import int8_full_precision_mm as int8_kernel
 from ...kernels.int8_full_precision_mm import (
     MARK,
     DequantizedLinear,
     dequantizer,
     equal_within_fp32_rounding,
-    forget_int8_probes,
     int8_compute_available,
     probe_paths,
     result_or_error,
 )
 from ...patches.int8_full_precision_mm import FIX
-from ...registry.comfy import comfy_module
-from ...registry.contract import AttributeOverride, Check, State, remove_handles
 from ..devices import real_accelerator
 
 MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented for the MPS device."
+
+
+def forget_int8_probes() -> None:
+    """Make the next ``int8_compute_available`` call probe again, for code that swaps ``torch._int_mm`` (this
+    self-test's simulated device, the tests, the benchmark). The running pack never forgets a device's answer."""
+    with int8_kernel._probe_lock:
+        int8_kernel._int8_compute.clear()
+
+
+def unwrap_linear_input_act() -> None:
+    """Put the original ``comfy.ops.linear_input_act`` back, unless another pack has wrapped ours since (removing ours
+    would drop theirs; ours passes every unmarked layer straight through). The running pack keeps its wrapper for the
+    rest of the process; this self-test, the tests and the benchmark remove it after diverting layers."""
+    ops = comfy_module("comfy.ops")
+    ours = getattr(getattr(ops, "linear_input_act", None), MARK, None)
+    if ours is not None and ops.linear_input_act is ours:
+        ops.linear_input_act = ours.__wrapped__
 
 
 def self_test():
@@ -64,7 +82,7 @@ def divert(layer):
     finally:
         remove_handles(handles)
         if not was_installed:
-            FIX.unwrap_linear_input_act()
+            unwrap_linear_input_act()
 
 
 def red_green_checks(probe, stock_name: str, fixed_name: str, fixed_upstream=False):

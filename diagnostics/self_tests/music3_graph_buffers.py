@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check
 from ...kernels.music3_graph_buffers import StaticBufferPool, tensor_key
-from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..tiny_decoder import SMALL_CONFIG, CudaGraphs, EmulatedGraphs, build_decoder, decode_hidden_states
 

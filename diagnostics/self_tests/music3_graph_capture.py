@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check
 from ...kernels.music3_graph_capture import decide_unit
-from ...registry.contract import Check
 from ..devices import real_accelerator
 from ..emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on
 from ..tiny_decoder import (

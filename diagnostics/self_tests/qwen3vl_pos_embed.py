@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check, remove_handles
+from ...contract.comfy import qwen3vl_tower_class
 from ...patches.qwen3vl_pos_embed import hook_towers
-from ...registry.comfy import qwen3vl_tower_class
-from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
 from ..tiny_qwen3vl import TINY_QWEN3VL_GRID, TINY_QWEN3VL_TOWER, tiny_qwen3vl_tower
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check, remove_handles
+from ...contract.comfy import qwen3vl_tower_class
 from ...patches.qwen3vl_pos_embed import hook_towers as hook_position_table_fix
 from ...patches.qwen3vl_rotary_table import hook_towers
-from ...registry.comfy import qwen3vl_tower_class
-from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
 from ..tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
 from .qwen3vl_pos_embed import all_on_cpu_check, outputs, outputs_match, tiny_pixels

@@ -9,10 +9,10 @@ from typing import Iterable
 
 import torch
 
+from ...contract import Check, remove_handles
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...kernels.qwen3vl_pos_embed import computing_on
 from ...patches.transformers_qwen3vl_pos_embed import INDEXING_FORM, forward_form, hook_tower, reference_tower_class
-from ...registry.contract import Check, remove_handles
 from ..devices import real_accelerator
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from ...contract import Check, State
 from ...kernels.transformers_static_cache import (
     INIT_SHAPE,
     KV_SHARDED_PLAN,
@@ -17,7 +18,6 @@ from ...kernels.transformers_static_cache import (
     unwrapped,
 )
 from ...patches.transformers_static_cache import verdict
-from ...registry.contract import Check, State
 
 
 def repair_regardless(half: str) -> bool:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from ...contract import Check, remove_handles
 from ...kernels.ck_rope_device import unaligned_kitchen
 from ...kernels.fake_cuda import fake_cuda_mode, on_fake_cuda
 from ...patches.vae_qk_norm_scale import BUFFER, hook_decoders
-from ...registry.contract import Check, remove_handles
 from ..devices import HostToDeviceCopies, real_accelerator
 from ..kitchen import real_kitchen_routing, red_check, rope_inputs
 

@@ -1,5 +1,7 @@
 """Checks of the simulated accelerator itself, each with its red control: its values are the CPU's, it raises the
-accelerator's error on mixed devices, it counts host-to-device copies, it can lack ``torch._int_mm``. Installing the
+accelerator's error on mixed devices, it counts host-to-device copies, it can lack ``torch._int_mm``, a parameter's
+``.data`` moves between host and device; and of the stand-in comfy-aimdo beside it (tests/simulated_device/dynamic_vram):
+weights resident within a budget, other models' weights evicted. Installing the
 device patches torch for the whole process (``torch.tensor``, ``torch.Generator``, ``torch._int_mm``, the ``npu``
 backend), so these run in a pytest process of their own (tests/test_simulated_device.py), never beside other tests."""
 
@@ -169,3 +171,77 @@ def test_views_of_inference_tensors_outside_inference_mode(on_device):
     with torch.no_grad():
         view = buffer[None, :]
     assert view.device == NPU0 and torch.equal(view.cpu(), torch.arange(4.0)[None, :])
+
+
+def test_data_setter_moves_a_parameter_between_host_and_device(on_device):
+    """``parameter.data = parameter.data.to(device)`` (ComfyUI's dynamic VRAM loader, for modules that own weights
+    beside children with weights) and back, as on a real device: the same object, still a parameter."""
+    generator = torch.Generator().manual_seed(3)
+    module = torch.nn.Linear(4, 4)
+    weight, expected = module.weight, module(x := torch.randn(2, 4, generator=generator))
+    weight.data = weight.data.to(NPU0)
+    module.bias.data = module.bias.data.to(NPU0)
+    assert module.weight is weight and weight.device == NPU0 and isinstance(weight, torch.nn.Parameter)
+    assert torch.equal(module(x.to(NPU0)).cpu(), expected)
+    weight.data = weight.data.cpu()
+    assert module.weight is weight and weight.device.type == "cpu" and type(weight) is torch.nn.Parameter
+    # red control: torch's own setter refuses a device tensor for a host parameter (the loader's crash)
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        device._tensor_data.__set__(module.weight, module.weight.data.to(NPU0))
+
+
+DYNAMIC_VRAM = Path(__file__).with_name("dynamic_vram")
+
+
+@pytest.fixture
+def vbars(on_device, monkeypatch):
+    """The stand-in comfy-aimdo's ``model_vbar`` (tests/simulated_device/dynamic_vram), budget restored after."""
+    monkeypatch.syspath_prepend(str(DYNAMIC_VRAM))
+    import comfy_aimdo.model_vbar as model_vbar
+
+    assert model_vbar.__file__.startswith(str(DYNAMIC_VRAM))
+    model_vbar.reset_counters()
+    yield model_vbar
+    model_vbar.set_budget(None)
+
+
+def test_stand_in_vbar_keeps_weights_resident_within_its_budget(vbars):
+    import comfy_aimdo.torch as aimdo_torch
+
+    vbars.set_budget(3 / 1024)  # 3 KiB
+    vbar = vbars.ModelVBAR(1 << 20, 0)
+    first, second = vbar.alloc(2048), vbar.alloc(2048)
+    signature = vbars.vbar_fault(first)
+    assert signature is not None and vbar.loaded_size() == 2048
+    slot = aimdo_torch.aimdo_to_tensor(first, NPU0)
+    assert slot.device == NPU0 and slot.numel() == 2048 and device.allocated_bytes(0) >= 2048
+    slot.fill_(7)
+    vbars.vbar_unpin(first)
+    again = vbars.vbar_fault(first)  # still resident: the same signature, the same values
+    assert vbars.vbar_signature_compare(again, signature)
+    assert torch.equal(aimdo_torch.aimdo_to_tensor(first, NPU0).cpu(), torch.full((2048,), 7, dtype=torch.uint8))
+    assert vbars.vbar_fault(second) is None  # past the budget: out of VRAM, ComfyUI streams it
+    assert vbars.stats()["counters"] == {"faulted_in": [1, 2048], "resident": [1, 2048], "out_of_vram": [1, 2048]}
+    # red control: without a budget the same fault is served
+    vbars.set_budget(None)
+    assert vbars.vbar_fault(second) is not None
+
+
+def test_stand_in_vbar_evicts_other_models_unpinned_weights(vbars, monkeypatch):
+    vbars.set_budget(3 / 1024)
+    older, newer = vbars.ModelVBAR(1 << 20, 0), vbars.ModelVBAR(1 << 20, 0)
+    older.prioritize()
+    kept = older.alloc(2048)
+    signature = vbars.vbar_fault(kept)
+    newer.prioritize()
+    wanted = newer.alloc(2048)
+    assert vbars.vbar_fault(wanted) is None  # the older model's weight is pinned (in use): not evicted
+    vbars.vbar_unpin(kept)
+    assert vbars.vbar_fault(wanted) is not None and older.loaded_size() == 0
+    vbars.vbar_unpin(wanted)
+    refaulted = vbars.vbar_fault(kept)  # evicted meanwhile: a new signature, ComfyUI copies the weight again
+    assert refaulted is not None and not vbars.vbar_signature_compare(refaulted, signature)
+    # red control: a vbar that never evicts cannot serve the newer model
+    vbars.vbar_unpin(kept)
+    monkeypatch.setattr(vbars, "evict", lambda vbar, wanted: 0)
+    assert vbars.vbar_fault(wanted) is None

@@ -49,7 +49,7 @@ INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 _state = threading.local()
-_live: weakref.WeakSet = weakref.WeakSet()
+_live: dict[int, weakref.ref] = {}  # id -> the device tensors alive (a WeakSet would compare tensors)
 _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
 _int_mm_available = True
 _default_device = 0
@@ -73,7 +73,7 @@ class DeviceTensor(torch.Tensor):
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
             layout=elem.layout, device=device, requires_grad=elem.requires_grad)
         wrapper.elem = elem
-        _live.add(wrapper)
+        track(wrapper)
         return wrapper
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -95,6 +95,15 @@ class SimulatedDeviceMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return run_op(func, types, args, kwargs or {})
+
+
+def track(tensor: DeviceTensor) -> None:
+    key = id(tensor)
+    _live[key] = weakref.ref(tensor, lambda _, key=key: _live.pop(key, None))
+
+
+def untrack(tensor: torch.Tensor) -> None:
+    _live.pop(id(tensor), None)
 
 
 def is_device(value) -> bool:
@@ -256,12 +265,35 @@ class Generator(_TorchGenerator):
         pass
 
 
+_tensor_data = torch._C.TensorBase.data
+
+
+def _set_data(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """``tensor.data = value`` between the host and the simulated device (ComfyUI's dynamic VRAM loader moves the
+    parameters of modules that also have children with weights so). A real device changes the tensor's storage and
+    device in place; here a device tensor is another kind of tensor, so the object's contents are swapped for a tensor
+    of ``value`` (sharing its storage, as ``set_data`` does), a parameter staying a parameter."""
+    if isinstance(tensor, DeviceTensor) is isinstance(value, DeviceTensor):
+        _tensor_data.__set__(tensor, value)
+        return
+    if isinstance(tensor, torch.nn.Parameter):
+        replacement = torch.nn.Parameter(value.detach(), requires_grad=tensor.requires_grad)
+    else:
+        replacement = value.detach().requires_grad_(tensor.requires_grad)
+    untrack(tensor)  # swap_tensors refuses tensors with weak references
+    untrack(replacement)
+    torch.utils.swap_tensors(tensor, replacement)
+    if isinstance(tensor, DeviceTensor):
+        track(tensor)
+
+
 # -- accounting --------------------------------------------------------------------------------------------------------
 
 def allocated_bytes(index: int) -> int:
     storages = {}
-    for tensor in list(_live):
-        if tensor.device.index == index:
+    for ref in list(_live.values()):
+        tensor = ref()
+        if tensor is not None and tensor.device.index == index:
             storage = tensor.elem.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
@@ -419,10 +451,10 @@ _mode_threads: set[int] = set()
 
 
 def install(clear_cuda_version: bool = True) -> None:
-    """Registers the ``npu`` device and ``torch.npu`` (idempotent); patches ``torch.tensor``, ``torch.Generator``
-    and ``torch._int_mm`` (each unchanged for other devices); clears ``torch.version.cuda`` so that ComfyUI does not
-    take a CUDA build of torch for an NVIDIA machine (``clear_cuda_version``). Reads the environment's total and
-    ``_int_mm`` setting."""
+    """Registers the ``npu`` device and ``torch.npu`` (idempotent); patches ``torch.tensor``, ``torch.Generator``,
+    ``torch._int_mm`` and the ``Tensor.data`` setter (each unchanged for other devices); clears ``torch.version.cuda``
+    so that ComfyUI does not take a CUDA build of torch for an NVIDIA machine (``clear_cuda_version``). Reads the
+    environment's total and ``_int_mm`` setting."""
     global _installed, _default_device
     if _installed:
         return
@@ -431,6 +463,7 @@ def install(clear_cuda_version: bool = True) -> None:
     _setup_privateuseone_for_python_backend(rename=DEVICE_TYPE, backend_module=BackendModule)
     torch.tensor = _tensor
     torch.Generator = Generator
+    torch.Tensor.data = property(_tensor_data.__get__, _set_data)
     torch._int_mm = _int_mm
     if clear_cuda_version:
         torch.version.cuda = None

@@ -1,10 +1,13 @@
 """The contract every fix in ``patches/`` implements, and the per-model hook plumbing they share.
 
-A fix module defines one ``FIX = SomeFix()``. The registry (``registry/__init__.py``) finds it, asks it once
-whether the running code still has the bug (``detect``), attaches it to a model's patcher on request (``attach``)
-or installs it process-wide (``install``). Its self-test lives apart, in ``diagnostics/self_tests/<id>.py``, and
-only the doctor and the tests import it. Nothing here imports ComfyUI: fixes reach ComfyUI objects only through the
-patcher they are handed (or ``registry/comfy.py``).
+A fix module defines one ``FIX = SomeFix()``. The registry (``registry/``) finds it, asks it once whether the running
+code still has the bug (``detect``), attaches it to a model's patcher on request (``attach``) or installs it
+process-wide (``install``). Its self-test lives apart, in ``diagnostics/self_tests/<id>.py``, and only the doctor and
+the tests import it. Nothing here imports ComfyUI: fixes reach ComfyUI objects only through the patcher they are
+handed (or ``contract/comfy.py``). This package imports nothing of the pack: the fixes, the registry, the nodes and
+the diagnostics all stand on it, and it knows none of them (the registry talks to a fix through ``RegistryLink``).
+Beside it: ``comfy.py`` (reaching ComfyUI's modules where present) and ``on_import.py`` (patching a module the
+moment it is imported).
 """
 
 from __future__ import annotations
