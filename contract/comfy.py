@@ -1,5 +1,8 @@
-"""Reaching ComfyUI from a fix without depending on it: inside ComfyUI its modules are already imported; from the doctor
-or the tests, ``diagnostics/comfyui_checkout.py`` puts a checkout named by COMFYUI_PATH on the path first."""
+"""Reaching ComfyUI without depending on it: inside ComfyUI its modules are already imported; from the doctor or the
+tests, ``diagnostics/comfyui_checkout.py`` puts a checkout named by COMFYUI_PATH on the path first. The fixes and
+these helpers import ComfyUI's modules plainly (inside the functions that need them, ``except ImportError`` where
+the doctor or the tests may run without ComfyUI), so that breakage tools reading imports (comfy-import-guard) see
+what each fix reaches; ``comfy_module`` serves the diagnostics, which ask for modules by name."""
 
 from __future__ import annotations
 
@@ -16,11 +19,18 @@ def comfy_module(name: str):
 
 def is_music3_text_encoder(model) -> bool:
     """Whether ``model`` is ComfyUI's MiniMax Music 3 text encoder (its AR model); False where ComfyUI lacks it."""
-    ar = comfy_module("comfy.ldm.minimax_music.ar")
-    return ar is not None and isinstance(model, ar.MiniMaxMusic3AR)
+    try:
+        from comfy.ldm.minimax_music.ar import MiniMaxMusic3AR
+    except ImportError:
+        return False
+    return isinstance(model, MiniMaxMusic3AR)
 
 
 def qwen3vl_tower_class():
     """ComfyUI's Qwen3.5/Qwen3-VL vision tower class (``Qwen35VisionModel``), or None where this core lacks it."""
-    return getattr(comfy_module("comfy.text_encoders.qwen35"), "Qwen35VisionModel", None)
+    try:
+        import comfy.text_encoders.qwen35 as qwen35
+    except ImportError:
+        return None
+    return getattr(qwen35, "Qwen35VisionModel", None)
 

@@ -46,7 +46,6 @@ import inspect
 import threading
 
 from ..contract import Fix, Retirement, State, Status, Target, log
-from ..contract.comfy import comfy_module
 from ..kernels.cpu_device_cuda_query import asks_cuda_about_the_cpu, guarded, unguarded
 
 FIX_ID = "cpu_device_cuda_query"
@@ -54,6 +53,20 @@ FIX_ID = "cpu_device_cuda_query"
 # comfy.ops.get_disabled_quant_formats (CLIP.generate's use_quantized_matmul, pick_operations)
 QUERIES = {"comfy_kitchen": ("flash_attention_decode_is_available",),
            "comfy.model_management": ("supports_fp8_compute", "supports_nvfp4_compute", "supports_mxfp8_compute")}
+
+
+def query_modules() -> dict[str, object]:
+    """The modules of QUERIES by name, imported plainly; none outside ComfyUI."""
+    try:
+        import comfy.model_management
+    except ImportError:
+        return {}
+    modules = {"comfy.model_management": comfy.model_management}
+    try:
+        import comfy_kitchen
+    except ImportError:
+        return modules
+    return {**modules, "comfy_kitchen": comfy_kitchen}
 
 
 class CpuDeviceCudaQuery(Fix):
@@ -75,10 +88,9 @@ class CpuDeviceCudaQuery(Fix):
     def queries() -> dict[tuple[str, str], object]:
         """The queries this install has, by (module, name), each as its module defines it."""
         found = {}
-        if comfy_module("comfy.model_management") is None:
-            return found
+        modules = query_modules()
         for module_name, names in QUERIES.items():
-            module = comfy_module(module_name)
+            module = modules.get(module_name)
             for name in names:
                 if callable(getattr(module, name, None)):
                     found[module_name, name] = unguarded(getattr(module, name))
@@ -116,8 +128,9 @@ class CpuDeviceCudaQuery(Fix):
 
     def install(self) -> None:
         with self._lock:
+            modules = query_modules()
             for module_name, name in self.queries_asking_cuda():
-                module = comfy_module(module_name)
+                module = modules[module_name]
                 if getattr(module, name) is self._installed.get((module_name, name)):
                     continue
                 wrapper = guarded(getattr(module, name), self._log_first_cpu_answer)
@@ -126,8 +139,9 @@ class CpuDeviceCudaQuery(Fix):
 
     def uninstall(self) -> None:
         with self._lock:
+            modules = query_modules()
             for (module_name, name), wrapper in self._installed.items():
-                module = comfy_module(module_name)
+                module = modules[module_name]
                 if getattr(module, name, None) is wrapper:
                     setattr(module, name, wrapper.__wrapped__)
                 else:

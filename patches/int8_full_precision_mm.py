@@ -51,7 +51,6 @@ from ..contract import (
     model_injection,
     set_injection,
 )
-from ..contract.comfy import comfy_module
 from ..kernels.int8_full_precision_mm import (
     MARK,
     MODEL_KINDS,
@@ -96,7 +95,10 @@ class Int8FullPrecisionMM(Fix):
                     "'fixed upstream' on every supported core)")
 
     def detect(self) -> Status:
-        ops = comfy_module("comfy.ops")
+        try:
+            import comfy.ops as ops
+        except ImportError:
+            ops = None
         if ops is None or not hasattr(ops, "mixed_precision_ops") or not hasattr(ops, "linear_input_act"):
             return Status(State.NOT_APPLICABLE, "no ComfyUI with int8 ops and linear_input_act is importable here")
         drift = self._drift(ops)
@@ -119,7 +121,8 @@ class Int8FullPrecisionMM(Fix):
         without int8 compute does not compute with its dequantized weight: it shows int8 activation rounding, or
         raises (from a missing ``_int_mm``, or from an int8 kernel that does not take the core's arguments); either
         way the fallback, which needs neither, is what computes right there."""
-        model_management = comfy_module("comfy.model_management")
+        import comfy.model_management as model_management
+
         reaching = {}
         with torch.no_grad():
             for kind in MODEL_KINDS:
@@ -135,23 +138,28 @@ class Int8FullPrecisionMM(Fix):
         parameters = tuple(inspect.signature(ops.linear_input_act).parameters)
         if len(parameters) < 3 or parameters != LINEAR_INPUT_ACT_PARAMETERS[:len(parameters)]:
             return f"comfy.ops.linear_input_act{inspect.signature(ops.linear_input_act)} has unknown parameters"
-        needed = {"comfy.ops": ("QuantizedTensor", "INPUT_ACT_EAGER", "cast_bias_weight", "uncast_bias_weight",
-                                "run_every_op"),
-                  "comfy.model_management": ("get_free_memory", "minimum_inference_memory")}
+        import comfy.model_management
+
+        needed = {ops: ("QuantizedTensor", "INPUT_ACT_EAGER", "cast_bias_weight", "uncast_bias_weight", "run_every_op"),
+                  comfy.model_management: ("get_free_memory", "minimum_inference_memory")}
         if "act_weight" in parameters:
-            needed["comfy.rmsnorm"] = ("rms_norm",)
-        for module_name, names in needed.items():
-            module = comfy_module(module_name)
+            try:
+                import comfy.rmsnorm
+            except ImportError:
+                return "comfy.rmsnorm is missing"
+            needed[comfy.rmsnorm] = ("rms_norm",)
+        for module, names in needed.items():
             missing = [name for name in names if not hasattr(module, name)]
             if missing:
-                return f"{module_name} has no {', '.join(missing)}"
+                return f"{module.__name__} has no {', '.join(missing)}"
         if "swiglu" not in ops.INPUT_ACT_EAGER:
             return "comfy.ops.INPUT_ACT_EAGER has no swiglu"
         return ""
 
     def attach(self, patcher, key: str) -> None:
         """Nothing is attached to a model whose int8 layers the core dequantizes itself (a kind fixed upstream)."""
-        ops = comfy_module("comfy.ops")
+        import comfy.ops as ops
+
         if any(self.needs_diversion(module, ops) for module in patcher.model.modules()):
             set_injection(patcher, key, self.injection())
 
@@ -190,15 +198,21 @@ class Int8FullPrecisionMM(Fix):
         return type(divert)(inject=inject, eject=divert.eject)
 
     def divert_int8_layers(self, model) -> list:
-        ops = comfy_module("comfy.ops")
+        import comfy.model_management
+        import comfy.ops as ops
+
         layers = [module for module in model.modules() if self.needs_diversion(module, ops)]
         if not layers:
             return []
         self.wrap_linear_input_act()
-        may_keep = memory_guard(comfy_module("comfy.model_management"), self.id)
+        may_keep = memory_guard(comfy.model_management, self.id)
+        try:
+            import comfy.rmsnorm as rmsnorm
+        except ImportError:  # a core before linear_input_act's rms_norm input
+            rmsnorm = None
         handles = []
         for layer in layers:
-            fallback = DequantizedInt8Linear(layer, ops, comfy_module("comfy.rmsnorm"), may_keep)
+            fallback = DequantizedInt8Linear(layer, ops, rmsnorm, may_keep)
             handles += [AttributeOverride(layer, "forward", fallback.forward), AttributeOverride(layer, MARK, fallback)]
         log.info("MiniMax Hotfix: %s: %d int8 layers compute with dequantized weights where torch._int_mm is missing",
                  self.id, len(layers))
@@ -206,7 +220,8 @@ class Int8FullPrecisionMM(Fix):
 
     def wrap_linear_input_act(self) -> None:
         """Wrap ``comfy.ops.linear_input_act`` once (see the banner for why no per-model hook can)."""
-        ops = comfy_module("comfy.ops")
+        import comfy.ops as ops
+
         if getattr(ops.linear_input_act, MARK, None) is None:
             ops.linear_input_act = diverting_linear_input_act(ops.linear_input_act)
 

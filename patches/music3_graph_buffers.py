@@ -32,14 +32,17 @@ from __future__ import annotations
 import inspect
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
-from ..contract.comfy import comfy_module, is_music3_text_encoder
+from ..contract.comfy import is_music3_text_encoder
 from ..kernels.music3_graph_buffers import StaticBufferPool, with_decode_buffers
 
 FIX_ID = "music3_graph_buffers"
 
 
 def cuda_graphs_disabled() -> bool:
-    args = getattr(comfy_module("comfy.cli_args"), "args", None)
+    try:
+        from comfy.cli_args import args
+    except ImportError:
+        return False
     return bool(getattr(args, "disable_cuda_graphs", False))
 
 
@@ -52,9 +55,10 @@ class Music3GraphBuffers(Fix):
                     "upstream' or 'not affected' on all of them)")
 
     def detect(self) -> Status:
-        llama = comfy_module("comfy.text_encoders.llama")
-        ar = comfy_module("comfy.ldm.minimax_music.ar")
-        if llama is None or ar is None:
+        try:
+            import comfy.ldm.minimax_music.ar as ar
+            import comfy.text_encoders.llama as llama
+        except ImportError:
             return Status(State.NOT_APPLICABLE, "ComfyUI with MiniMax Music 3 is not importable here")
         forward = llama.Llama2_.forward
         if "_comfy_cross_step_state" in inspect.getsource(forward):

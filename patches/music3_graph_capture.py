@@ -38,7 +38,7 @@ import re
 import torch
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target, log
-from ..contract.comfy import comfy_module, is_music3_text_encoder
+from ..contract.comfy import is_music3_text_encoder
 from ..kernels.music3_graph_capture import decide_unit
 
 FIX_ID = "music3_graph_capture"
@@ -66,9 +66,10 @@ class Music3GraphCapture(Fix):
                     "unpinned host memory")
 
     def detect(self) -> Status:
-        prefetch = comfy_module("comfy.model_prefetch")
-        music = comfy_module("comfy.text_encoders.minimax_music")
-        if prefetch is None or music is None:
+        try:
+            import comfy.model_prefetch as prefetch
+            import comfy.text_encoders.minimax_music as music
+        except ImportError:
             return Status(State.NOT_APPLICABLE, "ComfyUI with MiniMax Music 3 CUDA graphs is not importable here")
         if not GRAPH_GATE.search(inspect.getsource(prefetch.prefetch_queue_pop)):
             return Status(State.FAILED, "comfy.model_prefetch.prefetch_queue_pop no longer gates graph capture on "

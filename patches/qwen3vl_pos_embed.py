@@ -38,7 +38,7 @@ import weakref
 import torch
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
-from ..contract.comfy import comfy_module, qwen3vl_tower_class
+from ..contract.comfy import qwen3vl_tower_class
 from ..kernels.qwen3vl_pos_embed import (
     TINY_QWEN3VL_GRID,
     ResidentPositionTables,
@@ -131,9 +131,11 @@ def _on_detach(patcher, unpatch_all=True) -> None:
 
 
 def _on_detach_event():
-    extension = comfy_module("comfy.patcher_extension")
-    callbacks = getattr(extension, "CallbacksMP", None)
-    return getattr(callbacks, "ON_DETACH", None)
+    try:
+        from comfy.patcher_extension import CallbacksMP
+    except ImportError:
+        return None
+    return getattr(CallbacksMP, "ON_DETACH", None)
 
 
 class Qwen3VLPosEmbedFix(Fix):
@@ -158,8 +160,10 @@ class Qwen3VLPosEmbedFix(Fix):
         if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
-        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
-                                   comfy_module("comfy.ops").manual_cast)
+        import comfy.ops
+        import comfy.text_encoders.qwen3vl
+
+        tower = tiny_qwen3vl_tower(comfy.text_encoders.qwen3vl.Qwen3VLVisionModel, comfy.ops.manual_cast)
         ours = interpolated_position_table(tower.pos_embed, TINY_QWEN3VL_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))

@@ -34,7 +34,7 @@ import re
 import torch
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
-from ..contract.comfy import comfy_module, qwen3vl_tower_class
+from ..contract.comfy import qwen3vl_tower_class
 from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 
@@ -42,8 +42,11 @@ _READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
 
 
 def _rotary_class():
-    module = comfy_module("comfy.text_encoders.qwen35")
-    return getattr(module, "Qwen35VisionRotaryEmbedding", None)
+    try:
+        import comfy.text_encoders.qwen35 as qwen35
+    except ImportError:
+        return None
+    return getattr(qwen35, "Qwen35VisionRotaryEmbedding", None)
 
 
 def _table_on_compute_device(tower, rotary, copies: ResidentCopies):
@@ -94,8 +97,10 @@ class Qwen3VLRotaryTableFix(Fix):
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):
             return Status(State.FIXED_UPSTREAM, "Qwen35VisionRotaryEmbedding.forward no longer takes its device "
                                                 "from the inv_freq buffer")
-        tower = tiny_qwen3vl_tower(comfy_module("comfy.text_encoders.qwen3vl").Qwen3VLVisionModel,
-                                   comfy_module("comfy.ops").manual_cast)
+        import comfy.ops
+        import comfy.text_encoders.qwen3vl
+
+        tower = tiny_qwen3vl_tower(comfy.text_encoders.qwen3vl.Qwen3VLVisionModel, comfy.ops.manual_cast)
         rotary = tower.rotary_pos_emb
         if not torch.equal(rotary_frequency_table(rotary.inv_freq, 14), rotary(14)):
             return Status(State.FAILED, "Qwen35VisionRotaryEmbedding.forward computes something else than the "

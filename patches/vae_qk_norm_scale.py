@@ -40,13 +40,11 @@ import textwrap
 import torch
 
 from ..contract import Fix, Retirement, State, Status, Target
-from ..contract.comfy import comfy_module
 from ..kernels.lent_buffers import LentBuffers
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 
 FIX_ID = "vae_qk_norm_scale"
 BUFFER = "qk_norm_scale"
-VAE_MODULE = "comfy.ldm.minimax.vae"
 DEVICE_MOVES = frozenset({"to", "cast_to", "cast_to_input", "cast_to_device"})
 
 
@@ -131,8 +129,9 @@ class VaeQkNormScale(Fix):
                     "qk_norm_scale to the kernel as is)")
 
     def detect(self) -> Status:
-        vae = comfy_module(VAE_MODULE)
-        if vae is None:
+        try:
+            import comfy.ldm.minimax.vae as vae
+        except ImportError:
             return Status(State.NOT_APPLICABLE, "ComfyUI's MiniMax H3 video VAE (comfy.ldm.minimax.vae) is not "
                                                 "importable here")
         attention = getattr(vae, "Attention", None)
@@ -157,7 +156,9 @@ class VaeQkNormScale(Fix):
                                      "that is not full leaves it on the CPU")
 
     def hook_loaded_model(self, model) -> list:
-        found = decoders(model, comfy_module(VAE_MODULE))
+        import comfy.ldm.minimax.vae as vae
+
+        found = decoders(model, vae)
         return hook_decoders(found) if found else []
 
 

@@ -57,3 +57,17 @@ def test_banner_and_doc_name_the_upstream_changes_of_fixed_by(fix_id):
     assert sorted(named - set(UPSTREAM_REFERENCE.findall(banner))) == [], f"{fix_id}'s banner lacks these"
     assert sorted(named - set(UPSTREAM_REFERENCE.findall(fix_doc(fix_id).read_text()))) == [], \
         f"{fix_doc(fix_id).name} lacks these upstream changes of {fix_id}"
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_a_fix_reaches_comfyui_through_plain_imports(fix_id):
+    """A fix names the ComfyUI modules it reaches in import statements (inside the functions that need them), not as
+    strings handed to an importer: breakage tools that read imports (comfy-import-guard) then see what it depends
+    on. Red before: ``comfy_module("comfy.ops")`` everywhere, 0 references found in patches/."""
+    import ast
+
+    tree = ast.parse((ROOT / "patches" / f"{fix_id}.py").read_text(encoding="utf-8"))
+    by_name = [node.args[0].value for node in ast.walk(tree) if isinstance(node, ast.Call)
+               and getattr(node.func, "id", getattr(node.func, "attr", None)) in {"comfy_module", "import_module"}
+               and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value.startswith("comfy")]
+    assert not by_name, f"{fix_id} imports {by_name} by name"

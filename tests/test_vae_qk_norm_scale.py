@@ -19,6 +19,7 @@ from newer_linear_input_act import use_newer_linear_input_act
 
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State, remove_handles
+from minimax_hotfix.contract.comfy import comfy_module
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies
 from minimax_hotfix.diagnostics.kitchen import real_kitchen_routing, rope_inputs
@@ -321,7 +322,7 @@ def test_self_test_red_then_green():
 
 
 def test_not_applicable_without_comfyui(fresh_detection):
-    if vae_qk_norm_scale.comfy_module(vae_qk_norm_scale.VAE_MODULE) is not None:
+    if comfy_module("comfy.ldm.minimax.vae") is not None:
         pytest.skip("ComfyUI is importable in this run; its detection is tested below")
     assert pack_registry.status(FIX).state == State.NOT_APPLICABLE
 
