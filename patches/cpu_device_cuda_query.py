@@ -121,8 +121,10 @@ class CpuDeviceCudaQuery(Fix):
                                     "their answer as on a machine without CUDA, a CUDA device still asks CUDA")
 
     def _log_first_cpu_answer(self, name: str, device, answer) -> None:
-        if name not in self._logged:
+        with self._lock:  # two threads with the same first answer must not both log it
+            first = name not in self._logged
             self._logged.add(name)
+        if first:
             log.info("MiniMax Hotfix: %s: answered %s(%s) as on a machine without CUDA: %s (a model on the CPU "
                      "asked; logged once)", FIX_ID, name, device, answer)
 
@@ -148,6 +150,7 @@ class CpuDeviceCudaQuery(Fix):
                     log.warning("MiniMax Hotfix: %s: %s.%s was replaced after this fix wrapped it; left as it is",
                                 FIX_ID, module_name, name)
             self._installed.clear()
+            self._logged.clear()  # a later install starts afresh: its first answers are logged again
 
 
 def _named(queries: dict) -> list[str]:

@@ -279,3 +279,27 @@ def test_machine_views_and_the_wrapper_on_a_query_shaped_as_comfyuis():
     wrapper = guarded(on_nvidia, lambda *answer: answered.append(answer))
     assert wrapper(CPU) is False and answered == [("supports_nvfp4_compute", CPU, False)]
     assert unguarded(wrapper) is on_nvidia and unguarded(on_nvidia) is on_nvidia
+
+
+def test_each_first_cpu_answer_is_logged_once_per_install_across_threads(caplog):
+    """Red before: an unlocked check-then-add logged a first answer once per racing thread, and an uninstall kept the
+    set, so the next install (tests, a reload of the pack) logged nothing."""
+    import threading
+
+    fix = type(FIX)()
+    barrier = threading.Barrier(8)
+
+    def answer():
+        barrier.wait()
+        fix._log_first_cpu_answer("supports_nvfp4_compute", CPU, False)
+
+    for _ in range(2):  # install, answer from eight threads at once, uninstall; then again
+        caplog.clear()
+        with caplog.at_level("INFO", logger="minimax_hotfix"):
+            threads = [threading.Thread(target=answer) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        fix.uninstall()
+        assert sum("answered supports_nvfp4_compute" in record.getMessage() for record in caplog.records) == 1
