@@ -298,7 +298,8 @@ def tiny_qwen3vl_tower(vision_model_class: type, ops, dtype: torch.dtype = torch
     with torch's own layers."""
     generator = torch.Generator().manual_seed(0)
     config = {**TINY_QWEN3VL_TOWER, "deepstack_visual_indexes": [0]}
-    weights = vision_model_class(config, dtype=dtype, ops=torch.nn)
+    with torch.random.fork_rng(devices=[]):  # torch's layers draw their initial weights from the global generator
+        weights = vision_model_class(config, dtype=dtype, ops=torch.nn)
     with torch.no_grad():
         for parameter in weights.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator).mul_(0.1))

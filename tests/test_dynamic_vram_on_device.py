@@ -3,7 +3,7 @@ on by default on NVIDIA), end to end on the simulated accelerator: servers start
 load the stand-in comfy-aimdo (tests/simulated_device/dynamic_vram), whose vbars keep weights resident on the
 device up to the budget (``vbar_mb``: the scenario's resident MB) and answer "out of VRAM" past it, so ComfyUI
 streams the rest through its cast path as on a real card. Stock (server without the pack) vs pack vs the all-CPU
-run, at the scenario's three budgets: everything resident, a split, nothing resident; the ``vbar`` column of the
+run, at the scenario's budgets (three: everything resident, a split, nothing resident; Music 3 one, see below); the ``vbar`` column of the
 scenario table gives the MiB faulted in / found resident / refused per prompt. Models are unloaded between prompts
 (``--cache-none``), so every prompt goes through ComfyUI's dynamic load and unload cycle with the fixes attached.
 
@@ -102,7 +102,7 @@ def test_seed_002_music3_under_dynamic_vram(device_servers):
             assert result["error"] is None and diff <= 1e-4, result["error"]
             # neither model goes through a vbar: the text encoder computes on the CPU (ComfyUI's plain patcher for
             # a CPU load device) and the DAV forces full loads (disable_offload: a plain ModelPatcher even under
-            # dynamic VRAM), so the loads are the legacy loader's, whole, at every budget
+            # dynamic VRAM), so the loads are the legacy loader's, whole, even with no budget for the vbar
             assert result["loader"] == "dynamic" and faults(result) == (0, 0, 0), result["vbar"]
             assert result["loads"] and not any("partial" in load for load in result["loads"]), result["loads"]
             results[loaders] = result["tensors"]
