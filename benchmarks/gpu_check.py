@@ -171,8 +171,8 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
                 reference = references[(scenario.workflow, scenario.make_prompt, scenario.probes)]
                 workflow = seed_scenarios.workflows(scenario.workflow)[0 if pack else 1]
                 tag = f"{scenario.test}_{run['budget']}_{'pack' if pack else 'stock'}"
-                result = seed_scenarios.run(running, workflow, tag, make_prompt=scenario.make_prompt,
-                                            probes=scenario.probes)
+                result = {**seed_scenarios.run(running, workflow, tag, make_prompt=scenario.make_prompt,
+                                               probes=scenario.probes), "loader": loader}
                 loaders = "pack" if pack else "stock (server without the pack)"
                 diff = (seed_scenarios.record(scenario.name, "given ComfyUI", run["budget"], loaders, result,
                                               reference["tensors"], scenario.compared)
