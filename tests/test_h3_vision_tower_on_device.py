@@ -26,18 +26,12 @@ tests/seed_scenarios.py's (``VISION_TOWER_*``), which the GPU check runs too.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-PACK_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PACK_ROOT / "tools"))
-import scenario_table  # noqa: E402
-import simulated_cores  # noqa: E402
-import synthetic_models  # noqa: E402
-from comfyui_server import SimulatedDevice, http, unload_models  # noqa: E402
-from seed_scenarios import (  # noqa: E402
+import scenario_table
+import simulated_cores
+import synthetic_models
+from comfyui_server import SimulatedDevice, http, unload_models
+from seed_scenarios import (
     H3_REFERENCE_TO_VIDEO,
     RESERVE_MB,
     VISION_TOWER,

@@ -11,13 +11,7 @@ Each prompt is what the frontend queues for the template (subgraphs lowered), lo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-PACK_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
 from comfyui_server import SimulatedDevice
 from seed_scenarios import MIXED, REFERENCE_CORE, budgets, hook_counts, named, record, run, template_workflows

@@ -22,15 +22,9 @@ amplified. The audio VAE is compared on a fixed latent instead (``TestProbeFixed
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-import torch
-
-PACK_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(PACK_ROOT / "tools"))
 import simulated_cores
+import torch
 from comfyui_server import SimulatedDevice, simulated_accelerator_module
 from seed_scenarios import MIXED, budgets, fix_state, hook_counts, named, record, run, workflows
 
