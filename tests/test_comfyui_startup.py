@@ -20,7 +20,7 @@ PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "swap_loaders.py", "c
                 "kernels", "diagnostics")
 # What ComfyUI's start-up imports of the pack: the contract, the registry, the nodes, the process-wide fixes and the
 # kernels two of them run at once (transformers_static_cache's waits for transformers' generation code).
-STARTUP_MODULES = ["__init__.py", "api.py", "contract/__init__.py", "contract/comfy.py", "contract/on_import.py",
+STARTUP_MODULES = ["__init__.py", "api.py", "contract/__init__.py", "contract/on_import.py",
                    "kernels/__init__.py", "kernels/ck_rope_device.py", "kernels/cpu_device_cuda_query.py",
                    "nodes/__init__.py", "nodes/known_error_route.py", "nodes/swap_route.py",
                    "patches/__init__.py", "patches/ck_rope_device.py", "patches/cpu_device_cuda_query.py",
