@@ -185,6 +185,18 @@ def h3_int8_reference(device_servers, device_int8_models):
     return reference
 
 
+@pytest.fixture(scope="session")
+def music3_reference(device_servers):
+    """The all-CPU (``--cpu``) run of the Music 3 graph, the reference of every Music 3 device run (either loader)."""
+    from seed_scenarios import named, run, workflows
+
+    scenario = named("seed 002 Music 3")
+    reference = run(device_servers(scenario.cores[0], True, None), workflows(scenario.workflow)[0], "music3_cpu",
+                    make_prompt=scenario.make_prompt, probes=scenario.probes)
+    assert reference["error"] is None, reference["error"]
+    return reference
+
+
 END_TO_END_TESTS: set[str] = set()  # the tests that use device_servers
 END_TO_END_SECONDS: dict[str, float] = {}  # test id -> wall time of its setup, call and teardown
 END_TO_END_RAN: set[str] = set()  # those that got to their call (not skipped)

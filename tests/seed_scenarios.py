@@ -271,3 +271,28 @@ def template_workflows(stem: str) -> tuple[dict, dict]:
     pack = copy.deepcopy(stock)
     assert swap_loaders.swap(pack)
     return pack, stock
+
+
+def music3_stock_and_pack(server, scenario: Scenario, device, reference: dict, tag: str) -> dict:
+    """Music 3 at each of ``scenario``'s budgets in the servers without and with the pack on ``device``
+    (``server(core, pack, device)``): {budget: {loaders: result}}, each recorded in the table, completed and equal
+    to the all-CPU ``reference``, the stock and pack outputs equal, ComfyUI's loads whole (it never splits Music 3's
+    text encoder and DAV)."""
+    import torch
+
+    (core,) = scenario.cores
+    pack_workflow, stock_workflow = workflows(scenario.workflow)
+    runs = {}
+    for budget, total_mb in budgets(scenario).items():
+        results = runs[budget] = {}
+        for loaders, pack in (("stock (server without the pack)", False), ("pack", True)):
+            result = run(server(core, pack, device), pack_workflow if pack else stock_workflow,
+                         f"{tag}_{'pack' if pack else 'stock'}_{budget}", total_mb,
+                         make_prompt=scenario.make_prompt, probes=scenario.probes)
+            diff = record(scenario.name, core, budget, loaders, result, reference["tensors"], scenario.compared)
+            assert result["error"] is None and diff <= 1e-4, result["error"]
+            assert result["loads"] and not any("partial" in load for load in result["loads"]), result["loads"]
+            results[loaders] = result
+        stock, pack = (result["tensors"] for result in results.values())
+        assert all(torch.equal(stock[name], pack[name]) for name in scenario.compared)
+    return runs

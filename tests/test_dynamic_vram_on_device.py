@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 import simulated_cores
-import torch
 from comfyui_server import SimulatedDevice, simulated_accelerator_module
-from seed_scenarios import budgets, hook_counts, named, record, run, workflows
+from seed_scenarios import budgets, hook_counts, music3_stock_and_pack, named, record, run, workflows
 
 MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 
@@ -84,27 +83,12 @@ def test_seed_004_h3_int8_under_dynamic_vram(device_servers, device_int8_models,
         assert hook_counts(pack["fix_lines"]).get(scenario.fix, 0) > 0
         assert_budget_splits_the_weights(budget, pack)
 
-def test_seed_002_music3_under_dynamic_vram(device_servers):
+def test_seed_002_music3_under_dynamic_vram(device_servers, music3_reference):
     scenario = named("seed 002 Music 3, dynamic VRAM")
-    (core,) = scenario.cores
-    pack_workflow, stock_workflow = workflows(scenario.workflow)
-    reference = run(device_servers(core, True, None), pack_workflow, "music3_cpu", make_prompt=scenario.make_prompt,
-                    probes=scenario.probes)
-    assert reference["error"] is None, reference["error"]
     device = SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v, dynamic VRAM"))["full"], dynamic_vram=True)
-    for budget, total_mb in budgets(scenario).items():
-        results = {}
-        for loaders, pack in (("stock (server without the pack)", False), ("pack", True)):
-            result = run(device_servers(core, pack, device), pack_workflow if pack else stock_workflow,
-                         f"dynamic_music3_{'pack' if pack else 'stock'}_{budget}", total_mb,
-                         make_prompt=scenario.make_prompt, probes=scenario.probes)
-            diff = record(scenario.name, core, budget, loaders, result, reference["tensors"], scenario.compared)
-            assert result["error"] is None and diff <= 1e-4, result["error"]
-            # neither model goes through a vbar: the text encoder computes on the CPU (ComfyUI's plain patcher for
-            # a CPU load device) and the DAV forces full loads (disable_offload: a plain ModelPatcher even under
-            # dynamic VRAM), so the loads are the legacy loader's, whole, even with no budget for the vbar
-            assert result["loader"] == "dynamic" and faults(result) == (0, 0, 0), result["vbar"]
-            assert result["loads"] and not any("partial" in load for load in result["loads"]), result["loads"]
-            results[loaders] = result["tensors"]
-        stock_tensors, pack_tensors = results.values()
-        assert all(torch.equal(stock_tensors[name], pack_tensors[name]) for name in scenario.compared)
+    runs = music3_stock_and_pack(device_servers, scenario, device, music3_reference, "dynamic_music3")
+    for result in (result for results in runs.values() for result in results.values()):
+        # neither model goes through a vbar: the text encoder computes on the CPU (ComfyUI's plain patcher for
+        # a CPU load device) and the DAV forces full loads (disable_offload: a plain ModelPatcher even under
+        # dynamic VRAM), so the loads are the legacy loader's, whole, even with no budget for the vbar
+        assert result["loader"] == "dynamic" and faults(result) == (0, 0, 0), result["vbar"]

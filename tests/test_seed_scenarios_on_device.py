@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 import simulated_cores
-import torch
 from comfyui_server import SimulatedDevice, simulated_accelerator_module
-from seed_scenarios import MIXED, budgets, fix_state, hook_counts, named, record, run, workflows
+from seed_scenarios import MIXED, budgets, fix_state, hook_counts, music3_stock_and_pack, named, record, run, workflows
 
 MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 
@@ -135,7 +134,7 @@ def test_multi_device_h3_split_over_two_devices(device_servers, h3_reference):
     assert hook_counts(pack["fix_lines"]).get(scenario.fix, 0) > 0
 
 
-def test_seed_002_music3_on_the_device(device_servers):
+def test_seed_002_music3_on_the_device(device_servers, music3_reference):
     """Music 3 (text encoder, AR loop, DAV decode: what a CPU can run, see test_workflow_runs) on the device at three
     budgets, pack and stock loaders, equal outputs and equal to the CPU's. ComfyUI loads the Music 3 text encoder
     (12.27 MB) and DAV (206.60 MB) fully whatever the budget (their loads are forced full: ``disable_offload``), so
@@ -143,21 +142,5 @@ def test_seed_002_music3_on_the_device(device_servers):
     capture (the Music 3 graph fixes) needs CUDA: not run here (the graph fix hooks 0 modules on this device). The
     Music 3 files are 0.33.0's in this core (its overlay is the H3 VAE only), so the servers of seed 000 serve it."""
     scenario = named("seed 002 Music 3")
-    (core,) = scenario.cores
-    pack_workflow, stock_workflow = workflows(scenario.workflow)
-    reference = run(device_servers(core, True, None), pack_workflow, "music3_cpu", make_prompt=scenario.make_prompt,
-                    probes=scenario.probes)
-    assert reference["error"] is None, reference["error"]
     device = SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"])  # seed 000's servers
-    for budget, total_mb in budgets(scenario).items():
-        results = {}
-        for loaders, pack in (("stock (server without the pack)", False), ("pack", True)):
-            result = run(device_servers(core, pack, device), pack_workflow if pack else stock_workflow,
-                         f"music3_{'pack' if pack else 'stock'}_{budget}", total_mb,
-                         make_prompt=scenario.make_prompt, probes=scenario.probes)
-            diff = record(scenario.name, core, budget, loaders, result, reference["tensors"], scenario.compared)
-            assert result["error"] is None and diff <= 1e-4, result["error"]
-            assert result["loads"] and not any("partial" in load for load in result["loads"]), result["loads"]
-            results[loaders] = result["tensors"]
-        stock_tensors, pack_tensors = results.values()
-        assert all(torch.equal(stock_tensors[name], pack_tensors[name]) for name in scenario.compared)
+    music3_stock_and_pack(device_servers, scenario, device, music3_reference, "music3")
