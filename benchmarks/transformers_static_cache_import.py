@@ -39,14 +39,14 @@ CASES = {
     ),
     "eager": (
         "t = time.perf_counter()\n"
-        "from minimax_hotfix.patches.transformers_static_cache import verdict\n"
-        "import transformers.generation.utils; verdict()\n"
+        "from minimax_hotfix.patches.transformers_static_cache import FIX\n"
+        "import transformers.generation.utils; FIX.verdict()\n"
         "elapsed = time.perf_counter() - t\n"
     ),
     "first use": (
         "import transformers.generation.utils\n"
-        "from minimax_hotfix.patches.transformers_static_cache import verdict\n"
-        "t = time.perf_counter(); verdict(); elapsed = time.perf_counter() - t\n"
+        "from minimax_hotfix.patches.transformers_static_cache import FIX\n"
+        "t = time.perf_counter(); FIX.verdict(); elapsed = time.perf_counter() - t\n"
     ),
 }
 

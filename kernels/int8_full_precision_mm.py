@@ -41,6 +41,26 @@ _PROBE_SIZE = 32
 _probe_lock = threading.Lock()
 _int8_compute: dict[torch.device, bool] = {}
 
+# linear_input_act's parameters as they grew (0.33.0 has the first three); the fallback takes them in this order.
+LINEAR_INPUT_ACT_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
+
+
+def memory_guard(model_management, on_first_refusal: Callable[[object], None]) -> Callable[[int, object], bool]:
+    """Cache a dequantized weight only while ComfyUI's own inference reserve stays free on its device: int8 is
+    often chosen because memory is tight, and a full cache of a large DiT would not fit next to it.
+    ``on_first_refusal(device)`` runs once, at the first weight refused."""
+    told = False
+
+    def may_keep(nbytes: int, device) -> bool:
+        nonlocal told
+        fits = model_management.get_free_memory(device) - nbytes >= model_management.minimum_inference_memory()
+        if not fits and not told:
+            told = True
+            on_first_refusal(device)
+        return fits
+
+    return may_keep
+
 
 def int8_compute_available(device) -> bool:
     """Whether ``torch._int_mm`` runs on ``device`` and returns the right numbers (probed once per device)."""

@@ -36,6 +36,7 @@ their cached weights; the wrapper, installed at the first load that diverts a la
 from __future__ import annotations
 
 import inspect
+import threading
 import weakref
 
 import torch
@@ -52,6 +53,7 @@ from ..contract import (
     set_injection,
 )
 from ..kernels.int8_full_precision_mm import (
+    LINEAR_INPUT_ACT_PARAMETERS,
     MARK,
     MODEL_KINDS,
     DequantizedInt8Linear,
@@ -59,31 +61,12 @@ from ..kernels.int8_full_precision_mm import (
     equal_within_fp32_rounding,
     has_int8_gemm_weight,
     int8_compute_available,
+    memory_guard,
     probe_paths,
     result_or_error,
 )
 
-_honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
 FIX_ID = "int8_full_precision_mm"
-# linear_input_act's parameters as they grew (0.33.0 has the first three); the fallback takes them in this order.
-LINEAR_INPUT_ACT_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
-def memory_guard(model_management, fix_id: str):
-    """Cache a dequantized weight only while ComfyUI's own inference reserve stays free on its device: int8 is
-    often chosen because memory is tight, and a full cache of a large DiT would not fit next to it."""
-    told = False
-
-    def may_keep(nbytes: int, device) -> bool:
-        nonlocal told
-        fits = model_management.get_free_memory(device) - nbytes >= model_management.minimum_inference_memory()
-        if not fits and not told:
-            told = True
-            log.info("MiniMax Hotfix: %s: %s is nearly full; further int8 layers dequantize on every call instead "
-                     "of caching their weights", fix_id, device)
-        return fits
-
-    return may_keep
-
 
 class Int8FullPrecisionMM(Fix):
     id = FIX_ID
@@ -93,6 +76,10 @@ class Int8FullPrecisionMM(Fix):
                  "for the MiniMax H3 video VAE or the Music 3 text encoder",
         delete_when="ComfyUI dequantizes every kind's int8 layers on devices without int8 compute (every kind reads "
                     "'fixed upstream' on every supported core)")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._honours_full_precision_mm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comfy.ops: bool
 
     def detect(self) -> Status:
         try:
@@ -173,14 +160,15 @@ class Int8FullPrecisionMM(Fix):
     def honours_full_precision_mm(self, ops) -> bool:
         """Whether ``ops`` dequantizes ``_full_precision_mm`` int8 layers in forward and linear_input_act (probed once
         per ``comfy.ops`` module)."""
-        known = _honours_full_precision_mm.get(ops)
-        if known is None:
-            with torch.no_grad():
-                paths, reference, _ = probe_paths(ops, torch.device("cpu"), full_precision_mm=True)
-                known = all(isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference)
-                            for out in (result_or_error(path, Exception) for path in paths))
-            _honours_full_precision_mm[ops] = known
-        return known
+        with self._lock:
+            known = self._honours_full_precision_mm.get(ops)
+            if known is None:
+                with torch.no_grad():
+                    paths, reference, _ = probe_paths(ops, torch.device("cpu"), full_precision_mm=True)
+                    known = all(isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference)
+                                for out in (result_or_error(path, Exception) for path in paths))
+                self._honours_full_precision_mm[ops] = known
+            return known
 
     def injection(self):
         """Diverts the model's int8 layers after each load, but only when its load device lacks int8 compute, so a
@@ -205,7 +193,9 @@ class Int8FullPrecisionMM(Fix):
         if not layers:
             return []
         self.wrap_linear_input_act()
-        may_keep = memory_guard(comfy.model_management, self.id)
+        may_keep = memory_guard(comfy.model_management, lambda device: log.info(
+            "MiniMax Hotfix: %s: %s is nearly full; further int8 layers dequantize on every call instead of caching "
+            "their weights", self.id, device))
         try:
             import comfy.rmsnorm as rmsnorm
         except ImportError:  # a core before linear_input_act's rms_norm input

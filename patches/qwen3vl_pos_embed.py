@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import threading
 import weakref
 
 import torch
@@ -51,24 +52,6 @@ from ..kernels.qwen3vl_pos_embed import (
 from ..kernels.tensor_versions import tensor_versions
 
 _READS_WEIGHT_DEVICE = re.compile(r"device\s*=\s*self\.pos_embed\.weight\.device")
-
-# Per tower (weakly: a deleted text encoder takes its tables along); kept across ComfyUI's eject/inject around every
-# load, which would otherwise resend the table on every prompt; dropped when the model is unloaded (detach).
-_resident: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def resident_tables(tower) -> ResidentPositionTables:
-    """What ``tower`` keeps on its compute devices between calls (``kernels/qwen3vl_pos_embed.py``)."""
-    return _resident.setdefault(tower, ResidentPositionTables())
-
-
-def drop_resident_tables(model: torch.nn.Module) -> None:
-    """Free the tables of every tower in ``model`` (ComfyUI unloaded it, or the fix is detached)."""
-    for module in model.modules():
-        tables = _resident.get(module)
-        if tables is not None:
-            tables.clear()
-
 
 def _casts_weight(embedding) -> bool:
     """Whether this ComfyUI Embedding op brings its weight to its input's device (the stock ops and GGUF's do)."""
@@ -94,7 +77,7 @@ def _table_on_compute_device(model, tower, stock):
         embedding = tower.pos_embed
         if device is None or not _casts_weight(embedding):
             return stock(grid_thw)
-        tables = resident_tables(tower)
+        tables = FIX.resident_tables(tower)
         if embedding.weight.device == device:
             # The weight itself is there now: a copy there would only hold memory. Another device's table stays: the
             # same tower may compute there too (weights cast per call), in another job at the same time.
@@ -127,7 +110,7 @@ def _on_detach(patcher, unpatch_all=True) -> None:
     # towers and their weights stay, so must the tables (dropping them there resent the whole table on every
     # prompt); the stamp still guards their values.
     if unpatch_all:
-        drop_resident_tables(patcher.model)
+        FIX.drop_resident_tables(patcher.model)
 
 
 def _on_detach_event():
@@ -146,6 +129,25 @@ class Qwen3VLPosEmbedFix(Fix):
                  "activations' device",
         delete_when="every supported core reads 'fixed upstream' here (fast_pos_embed_interpolate no longer takes its "
                     "device from pos_embed.weight)")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        # Per tower (weakly: a deleted text encoder takes its tables along); kept across ComfyUI's eject/inject around
+        # every load, which would otherwise resend the table on every prompt; dropped when the model is unloaded.
+        self._resident: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def resident_tables(self, tower) -> ResidentPositionTables:
+        """What ``tower`` keeps on its compute devices between calls (``kernels/qwen3vl_pos_embed.py``)."""
+        with self._lock:  # two jobs' first calls on one tower must share one set of tables
+            return self._resident.setdefault(tower, ResidentPositionTables())
+
+    def drop_resident_tables(self, model: torch.nn.Module) -> None:
+        """Free the tables of every tower in ``model`` (ComfyUI unloaded it, or the fix is detached)."""
+        with self._lock:
+            kept = [self._resident.get(module) for module in model.modules()]
+        for tables in kept:
+            if tables is not None:
+                tables.clear()
 
     def detect(self) -> Status:
         tower_class = qwen3vl_tower_class()
@@ -190,7 +192,7 @@ class Qwen3VLPosEmbedFix(Fix):
         on_detach = _on_detach_event()
         if on_detach is not None and hasattr(patcher, "remove_callbacks_with_key"):
             patcher.remove_callbacks_with_key(on_detach, key)
-        drop_resident_tables(patcher.model)
+        self.drop_resident_tables(patcher.model)
 
 
 FIX = Qwen3VLPosEmbedFix()

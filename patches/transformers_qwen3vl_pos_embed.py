@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import threading
 import weakref
 
 import torch
@@ -46,8 +47,6 @@ from ..kernels.qwen3vl_pos_embed import (
 )
 
 METHOD_FORM, INDEXING_FORM = "method", "indexing"
-
-_attached: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 
 
 def forward_form(tower_class) -> str | None:
@@ -135,10 +134,6 @@ def hook_tower(tower, form: str) -> list:
     return handles
 
 
-def _detach_tower(tower) -> None:
-    remove_handles(_attached.pop(tower, []))
-
-
 def reference_tower_class():
     try:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
@@ -154,6 +149,10 @@ class TransformersQwen3VLPosEmbedFix(Fix):
         fixed_by="none yet: a transformers release whose Qwen3-VL vision tower reconciles pos_embed / grid_thw with "
                  "hidden_states' device",
         delete_when="every transformers the supported cores run reads 'fixed upstream' here")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._attached: weakref.WeakKeyDictionary[torch.nn.Module, list] = weakref.WeakKeyDictionary()  # tower: handles
 
     def detect(self) -> Status:
         tower_class = reference_tower_class()
@@ -193,15 +192,17 @@ class TransformersQwen3VLPosEmbedFix(Fix):
                 log.warning("MiniMax Hotfix: %s: %s.forward matches no known form; left unpatched",
                             self.id, type(module).__name__)
                 continue
-            _detach_tower(module)
-            _attached[module] = hook_tower(module, form)
+            with self._lock:  # unhook-then-hook: two attaches interleaved would each hook and lose one's handles
+                remove_handles(self._attached.pop(module, []))
+                self._attached[module] = hook_tower(module, form)
             attached.append(name or type(module).__name__)
         self.link.hooked(model, len(attached))
         return attached
 
     def detach_from_towers(self, model: torch.nn.Module) -> None:
-        for module in model.modules():
-            _detach_tower(module)
+        with self._lock:
+            for module in model.modules():
+                remove_handles(self._attached.pop(module, []))
 
 
 FIX = TransformersQwen3VLPosEmbedFix()

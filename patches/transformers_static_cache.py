@@ -60,11 +60,6 @@ class Verdict(NamedTuple):
                              f"TP KV heads: {self.tp_heads.reason}")
 
 
-_lock = threading.RLock()
-_verdict: Verdict | None = None
-_import_hook: WrapOnImport | None = None
-
-
 def _transformers_version() -> str:
     return package_version("transformers")
 
@@ -122,39 +117,6 @@ def _probed(probe, mixin) -> Status:
         return Status(State.FAILED, f"target drifted, left off: probe failed ({type(exc).__name__}: {exc})")
 
 
-def verdict() -> Verdict:
-    """The probes' verdict for the running transformers, computed once (imports transformers' generation code)."""
-    global _verdict
-    with _lock:
-        if _verdict is None:
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
-            from transformers.generation.utils import GenerationMixin
-
-            with unset_fake_temporarily():  # the first generate() may run under a caller's FakeTensorMode
-                found = Verdict(_probed(_probe_masks, GenerationMixin), _probed(_probe_tp_heads, GenerationMixin))
-            _verdict = found
-            # The registry logs a status when it changes and would log the verdict again the next time it asks
-            # (detect() now answers with it), so the verdict goes to the log through the registry, once.
-            FIX.link.refresh_status()
-        return _verdict
-
-
-def _repairing(half: str) -> bool:
-    """Whether a wrapper repairs ``half`` now: not switched off, and the probe found that bug. Where the probe finds
-    nothing to repair the wrappers remove themselves, leaving transformers exactly as it ships."""
-    if FIX.link.switched_off():
-        return False
-    found = verdict()
-    if not found.needs_repair():
-        FIX.uninstall()
-        return False
-    return getattr(found, half).state is State.NEEDED
-
-
-def _wrap(generation_module) -> None:
-    _kernel().wrap_generation(generation_module.GenerationMixin, _repairing)
-
-
 class TransformersStaticCacheFix(Fix):
     id = FIX_ID
     targets = (Target.PROCESS,)
@@ -163,11 +125,45 @@ class TransformersStaticCacheFix(Fix):
                  "divides only for a colwise key projection)",
         delete_when="the pack no longer supports transformers 5.13.1 to 5.20.1")
 
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._verdict: Verdict | None = None
+        self._import_hook: WrapOnImport | None = None
+
+    def verdict(self) -> Verdict:
+        """The probes' verdict for the running transformers, computed once (imports transformers' generation code)."""
+        with self._lock:
+            if self._verdict is None:
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+                from transformers.generation.utils import GenerationMixin
+
+                with unset_fake_temporarily():  # the first generate() may run under a caller's FakeTensorMode
+                    found = Verdict(_probed(_probe_masks, GenerationMixin), _probed(_probe_tp_heads, GenerationMixin))
+                self._verdict = found
+                # The registry logs a status when it changes and would log the verdict again the next time it asks
+                # (detect() now answers with it), so the verdict goes to the log through the registry, once.
+                self.link.refresh_status()
+            return self._verdict
+
+    def repairing(self, half: str) -> bool:
+        """Whether a wrapper repairs ``half`` now: not switched off, and the probe found that bug. Where the probe
+        finds nothing to repair the wrappers remove themselves, leaving transformers exactly as it ships."""
+        if self.link.switched_off():
+            return False
+        found = self.verdict()
+        if not found.needs_repair():
+            self.uninstall()
+            return False
+        return getattr(found, half).state is State.NEEDED
+
+    def _wrap(self, generation_module) -> None:
+        _kernel().wrap_generation(generation_module.GenerationMixin, self.repairing)
+
     def detect(self) -> Status:
         if importlib.util.find_spec("transformers") is None:
             return Status(State.NOT_APPLICABLE, "transformers is not installed")
-        if _verdict is not None:
-            return _verdict.combined()
+        if self._verdict is not None:
+            return self._verdict.combined()
         version = _transformers_version()
         release = _release(version)
         if release is not None and release >= FIRST_FIXED:
@@ -182,24 +178,22 @@ class TransformersStaticCacheFix(Fix):
                                      "(the doctor's self-test shows the verdict)", provisional=True)
 
     def install(self) -> None:
-        global _import_hook
-        with _lock:
-            if _verdict is not None and not _verdict.needs_repair():
+        with self._lock:
+            if self._verdict is not None and not self._verdict.needs_repair():
                 return
             module = sys.modules.get(GENERATION_MODULE)
             if module is not None:
-                _wrap(module)
-            elif _import_hook is None:
-                _import_hook = WrapOnImport(GENERATION_MODULE, _wrap)
-                sys.meta_path.insert(0, _import_hook)
+                self._wrap(module)
+            elif self._import_hook is None:
+                self._import_hook = WrapOnImport(GENERATION_MODULE, self._wrap)
+                sys.meta_path.insert(0, self._import_hook)
 
     def uninstall(self) -> None:
-        global _import_hook
-        with _lock:
-            if _import_hook is not None:
-                if _import_hook in sys.meta_path:
-                    sys.meta_path.remove(_import_hook)
-                _import_hook = None
+        with self._lock:
+            if self._import_hook is not None:
+                if self._import_hook in sys.meta_path:
+                    sys.meta_path.remove(self._import_hook)
+                self._import_hook = None
             module = sys.modules.get(GENERATION_MODULE)
             if module is not None:
                 _kernel().unwrap_generation(module.GenerationMixin)

@@ -35,7 +35,10 @@ from ..contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
 
 DISABLE_ENV = "MINIMAX_HOTFIX_DISABLE"
 
-_lock = threading.RLock()
+_lock = threading.RLock()  # the registry's own state below
+# Attaching, detaching, installing and uninstalling, one at a time: each is detach-then-attach (or install-then-record),
+# which two threads interleaved would stack or misrecord. Taken before any fix's own lock, never while holding _lock.
+_changing = threading.RLock()
 _fixes: dict[str, Fix] | None = None  # every fix, once all_fixes() has imported them all
 _loaded: dict[str, Fix] = {}  # the fixes imported so far, by module name (= fix id)
 _detected: dict[str, Status] = {}
@@ -137,10 +140,11 @@ def key_for(fix: Fix) -> str:
 def disabled_ids() -> set[str]:
     """The ids named by the off switch, lower-cased; an unknown one is logged once with the known ids."""
     named = {part.strip().lower() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
-    not_yet_checked = named - {"all"} - _checked_ids
-    if not not_yet_checked:  # the common case, on every wrapped call: no scan of patches/
+    if not named - {"all"} - _checked_ids:  # the common case, on every wrapped call: no lock, no scan of patches/
         return named
-    _checked_ids.update(not_yet_checked)
+    with _lock:  # two first looks must not both log the same unknown id
+        not_yet_checked = named - {"all"} - _checked_ids
+        _checked_ids.update(not_yet_checked)
     known = {fix_id.lower() for fix_id in (fix_module_names() if _fixes is None else _fixes)}
     unknown = sorted(not_yet_checked - known)
     if unknown:
@@ -195,8 +199,9 @@ def attach_fixes(patcher, target: Target) -> list[str]:
         if status(fix).state != State.NEEDED:
             continue
         key = key_for(fix)
-        fix.detach(patcher, key)
-        fix.attach(patcher, key)
+        with _changing:
+            fix.detach(patcher, key)
+            fix.attach(patcher, key)
         log.info("MiniMax Hotfix: %s attached to %s (%s patcher %s)", fix.id, type(getattr(patcher, "model", None)).__name__,
                  target, type(patcher).__name__)
         attached.append(fix.id)
@@ -205,7 +210,8 @@ def attach_fixes(patcher, target: Target) -> list[str]:
 
 def detach_fixes(patcher, target: Target) -> None:
     for fix in fixes_for(target):
-        fix.detach(patcher, key_for(fix))
+        with _changing:
+            fix.detach(patcher, key_for(fix))
 
 
 def install_process_fixes() -> list[str]:
@@ -214,20 +220,24 @@ def install_process_fixes() -> list[str]:
     for fix in fixes_for(Target.PROCESS):
         if status(fix).state != State.NEEDED:
             continue
-        try:
-            fix.install()
-        except Exception as exc:
-            log.warning("MiniMax Hotfix: %s failed to install and is left off: %s", fix.id, exc)
-            continue
-        installed.append(fix.id)
-        _installed.add(fix.id)
+        with _changing:
+            try:
+                fix.install()
+            except Exception as exc:
+                log.warning("MiniMax Hotfix: %s failed to install and is left off: %s", fix.id, exc)
+                continue
+            installed.append(fix.id)
+            with _lock:
+                _installed.add(fix.id)
     return installed
 
 
 def uninstall_process_fixes() -> None:
     for fix in fixes_for(Target.PROCESS):
-        fix.uninstall()
-        _installed.discard(fix.id)
+        with _changing:
+            fix.uninstall()
+            with _lock:
+                _installed.discard(fix.id)
 
 
 __all__ = [

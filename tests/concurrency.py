@@ -31,3 +31,29 @@ def failures_running_concurrently(checks, rounds: int) -> list[str]:
     finally:
         sys.setswitchinterval(switch_interval)
     return failures
+
+
+def start_together(calls) -> list[str]:
+    """Run each of ``calls`` once on its own thread, all released by one barrier with a tiny switch interval, and
+    wait for them: one round of a race. Returns the errors they raised."""
+    start = threading.Barrier(len(calls))
+    errors: list[str] = []
+
+    def run(call):
+        start.wait()
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - any error is a lost race here
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    return errors

@@ -80,7 +80,7 @@ def main() -> dict:
 
     # The shim probes transformers once, on FakeTensor cuda; run it before the device's dispatch mode is entered, as
     # on real hardware, where no mode is active (the simulated device's mode does not take FakeTensors).
-    verdict = shim.verdict()
+    verdict = shim.FIX.verdict()
     accelerator = simulated_accelerator()
     accelerator.install()
     accelerator.enter_in_every_thread()

@@ -9,6 +9,7 @@ Adding a fix is its ``patches/<id>.py`` (+ ``kernels/``), ``diagnostics/self_tes
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -71,3 +72,41 @@ def test_a_fix_reaches_comfyui_through_plain_imports(fix_id):
                and getattr(node.func, "id", getattr(node.func, "attr", None)) in {"comfy_module", "import_module"}
                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value.startswith("comfy")]
     assert not by_name, f"{fix_id} imports {by_name} by name"
+
+
+FIX_FILE_MOST_LINES = 220  # every fix file has kept under it since the redesign: what is not the fix's own goes out
+MUTABLE_STATE = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+STATE_FACTORIES = {"dict", "list", "set", "WeakKeyDictionary", "WeakValueDictionary", "WeakSet", "RLock", "Lock"}
+
+
+def module_level_state(source: str) -> list[str]:
+    """The module globals a fix file changes at run time (``global``) or creates as containers and locks: state every
+    call of the process shares, which belongs on the fix's instance under its lock (docs/architecture.md)."""
+    tree = ast.parse(source)
+    found = [f"global {', '.join(node.names)} (line {node.lineno})" for node in ast.walk(tree)
+             if isinstance(node, ast.Global)]
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if value is None or not all(isinstance(t, ast.Name) and t.id.startswith("_") for t in targets):
+            continue  # public upper-case names are constant tables, read only
+        factory = value.func if isinstance(value, ast.Call) else None
+        name = getattr(factory, "attr", getattr(factory, "id", None))
+        if isinstance(value, MUTABLE_STATE) or name in STATE_FACTORIES:
+            found.append(f"{targets[0].id} (line {node.lineno})")
+    return found
+
+
+@pytest.mark.parametrize("fix_id", FIX_IDS)
+def test_a_fix_file_stays_small_and_keeps_its_state_on_its_instance(fix_id):
+    source = (ROOT / "patches" / f"{fix_id}.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= FIX_FILE_MOST_LINES
+    assert module_level_state(source) == []
+
+
+def test_module_level_state_is_found():
+    # Red control: the shapes the fixes had before their state moved onto their instances.
+    assert module_level_state("import weakref\n_attached = weakref.WeakKeyDictionary()\n") == ["_attached (line 2)"]
+    assert module_level_state("_verdict = None\ndef f():\n    global _verdict\n    _verdict = 1\n") == [
+        "global _verdict (line 3)"]
+    assert module_level_state("_lock: object = threading.RLock()\nKNOWN = {'a': 1}\n") == ["_lock (line 1)"]

@@ -162,18 +162,18 @@ def test_attaches_through_the_model_patcher_and_survives_clone():
     # ejected, the stock method gathers on the CPU. Checked first: with the fix off, this is the bug's own symptom.
     assert seen == ["meta", "cpu", "cpu"]
     assert hooked == [True, False, True, False]
-    kept = fix.resident_tables(holder.visual).resident_bytes()
+    kept = fix.FIX.resident_tables(holder.visual).resident_bytes()
     assert kept > 0
     # load_models_gpu detaches a loaded model without unpatching before every reload (0.33.0: each prompt): the
     # weights stay, so do the tables; red against a callback that drops them on any detach (the whole table was
     # resent per prompt on the simulated device)
     patcher.detach(unpatch_all=False)
-    assert fix.resident_tables(holder.visual).resident_bytes() == kept
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == kept
     # ComfyUI unloading the model (model_unload: detach(unpatch_all=True)) frees them; meta weights cannot move
     # back to the CPU, and moving them is not what is checked here
     clone.unpatch_model = lambda *args, **kwargs: None
     clone.detach(unpatch_all=True)
-    assert fix.resident_tables(holder.visual).resident_bytes() == 0
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == 0
 
 
 def test_off_switch(monkeypatch):
@@ -187,9 +187,9 @@ def test_a_call_on_the_weights_own_device_keeps_the_other_devices_table():
     tower = tiny_qwen3vl_tower()
     fix.hook_towers(tower)
     tower(pixels().to("meta"), torch.tensor(GRID))
-    kept = fix.resident_tables(tower).resident_bytes()
+    kept = fix.FIX.resident_tables(tower).resident_bytes()
     tower(pixels(), torch.tensor(GRID))
-    assert kept > 0 and fix.resident_tables(tower).resident_bytes() == kept
+    assert kept > 0 and fix.FIX.resident_tables(tower).resident_bytes() == kept
 
 
 @pytest.mark.parametrize("layout", ["two towers", "one tower, two devices"])

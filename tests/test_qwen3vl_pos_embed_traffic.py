@@ -72,7 +72,7 @@ def test_bytes_per_call_never_above_stock_and_nothing_after_the_first(image):
 def test_red_control_a_fix_that_keeps_nothing_resends_every_call(monkeypatch):
     """The assertion above detects per-call traffic: with the tables forgotten between calls (the pack's former
     behaviour for a large image: the whole table cast per call), the later calls send again."""
-    monkeypatch.setattr(fix, "resident_tables", lambda tower: ResidentPositionTables())
+    monkeypatch.setattr(fix.FIX, "resident_tables", lambda tower: ResidentPositionTables())
     tower = h3_tower()
     handles = fix.hook_towers(tower)
     sent = bytes_per_call(tower, [IMAGES["1024x1024"]])
@@ -97,7 +97,7 @@ def test_kept_small_results_never_hold_more_rows_than_the_table():
     handles = fix.hook_towers(tower)
     for side in range(10, 48, 6):  # 7 image sizes, each under the table's 2304 patches, 6500 together
         bytes_per_call(tower, [(1, side, side)], calls=1)
-    kept = fix.resident_tables(tower).resident_bytes()
+    kept = fix.FIX.resident_tables(tower).resident_bytes()
     remove_handles(handles)
     assert 0 < kept <= TABLE_ROWS * HIDDEN * 2
 
@@ -143,19 +143,19 @@ def test_unload_frees_the_table_and_a_stock_loader_model_is_untouched():
         patcher.eject_model()
         stock_patcher.eject_model()
     assert sent == [TABLE_ROWS * HIDDEN * 4, 0]
-    assert fix.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
     assert "fast_pos_embed_interpolate" not in vars(stock_holder.visual) and not stock_patcher.get_all_callbacks(
         "on_detach_after")
     patcher.detach(unpatch_all=False)  # load_models_gpu before every reload: weights stay, and so does the table
-    assert fix.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == TABLE_ROWS * HIDDEN * 4
     patcher.unpatch_model = lambda *args, **kwargs: None  # meta holds no data to move back to the CPU
     patcher.detach(unpatch_all=True)  # ComfyUI unloading it (model_unload)
-    assert fix.resident_tables(holder.visual).resident_bytes() == 0  # no memory kept across the unload
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == 0  # no memory kept across the unload
     del patcher.unpatch_model
     patcher.inject_model()
     assert bytes_per_call(holder.visual, large, calls=1) == [TABLE_ROWS * HIDDEN * 4]  # reloaded: fetched again
     pack_registry.detach_fixes(patcher, "clip")
-    assert fix.resident_tables(holder.visual).resident_bytes() == 0
+    assert fix.FIX.resident_tables(holder.visual).resident_bytes() == 0
 
 
 @pytest.mark.parametrize(("dtype", "grid"), [(torch.float32, ((1, 64, 64),)), (torch.bfloat16, ((1, 32, 32),)),

@@ -180,7 +180,7 @@ def test_static_cache_first_generate_probe_keeps_a_seeded_result(monkeypatch):
         torch.manual_seed(0)
         model = transformers.Qwen3ForCausalLM(config).eval()
     prompt = torch.tensor([[1, 2, 3]])
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
 
     def installed_then_first_generate():
         shim.FIX.install()
@@ -191,7 +191,7 @@ def test_static_cache_first_generate_probe_keeps_a_seeded_result(monkeypatch):
             [shim.FIX_ID], f"install, then the first-use probe in a seeded generate() (transformers "
                            f"{transformers.__version__})", installed_then_first_generate,
             without_pack=lambda: sampled_ids(model, prompt))
-        assert shim._verdict is not None, "the first generate() did not probe"
+        assert shim.FIX._verdict is not None, "the first generate() did not probe"
     finally:
         shim.FIX.uninstall()
     assert with_pack == without_pack
@@ -365,6 +365,6 @@ def test_red_a_first_use_probe_on_the_global_generator_is_caught(monkeypatch):
     shim = transformers_static_cache
     config = static_cache_kernels.probe_model().config
     monkeypatch.setattr(static_cache_kernels, "probe_model", lambda: transformers.Qwen3ForCausalLM(config).eval())
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     with pytest.raises(AssertionError, match="torch \\(CPU\\)"):
-        keeps_random_state([], "red control", shim.verdict)
+        keeps_random_state([], "red control", shim.FIX.verdict)

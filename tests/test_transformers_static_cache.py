@@ -196,9 +196,9 @@ def test_install_is_lazy_and_reversible():
         "wrapped = G.__dict__[static_cache_kernels.PREPARE_INPUTS]\n"
         "assert getattr(wrapped, static_cache_kernels.WRAPPED).__qualname__ == 'GenerationMixin.prepare_inputs_for_generation'\n"
         "assert hasattr(G.__dict__[static_cache_kernels.INIT_SHAPE], static_cache_kernels.WRAPPED)\n"
-        "assert shim._verdict is None, 'probed before first use'\n"
+        "assert shim.FIX._verdict is None, 'probed before first use'\n"
         "shim.FIX.uninstall()\n"
-        "assert not hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED) and shim._import_hook is None\n"
+        "assert not hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED) and shim.FIX._import_hook is None\n"
         "assert G.__dict__[static_cache_kernels.PREPARE_INPUTS] is getattr(wrapped, static_cache_kernels.WRAPPED)\n"
         "shim.FIX.install(); assert hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED), 'already imported'\n"
         "shim.FIX.uninstall(); assert not hasattr(G.__dict__[static_cache_kernels.INIT_SHAPE], static_cache_kernels.WRAPPED)\n"
@@ -209,9 +209,9 @@ def test_install_is_lazy_and_reversible():
 # -- latest transformers: fixed upstream, the shim does nothing -------------------------------------------------
 
 def test_latest_version_gets_no_guard_at_pack_load(monkeypatch):
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     assert pack_registry.status(shim.FIX).state is State.FIXED_UPSTREAM  # so the registry installs nothing
-    assert shim._verdict is None  # decided without importing or probing transformers
+    assert shim.FIX._verdict is None  # decided without importing or probing transformers
 
 
 def test_release_numbers_bound_the_guard():
@@ -221,7 +221,7 @@ def test_release_numbers_bound_the_guard():
 
 
 def test_latest_probe_finds_both_bugs_fixed_upstream():
-    found = shim.verdict()
+    found = shim.FIX.verdict()
     assert (found.masks.state, found.tp_heads.state) == (State.FIXED_UPSTREAM, State.FIXED_UPSTREAM), found
     assert shim.FIX.detect().state is State.FIXED_UPSTREAM
 
@@ -235,7 +235,7 @@ def wrapped_methods():
 @pytest.mark.parametrize("name", TINY_MODELS)
 def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, monkeypatch):
     """First use on a fixed transformers: the guard probes, touches nothing, and removes itself."""
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     calls = counting_moves(monkeypatch)
     shim.FIX.install()
     assert wrapped_methods() == set(static_cache_kernels.WRAPPERS)
@@ -252,7 +252,7 @@ def test_latest_generate_on_fake_cuda_is_left_alone(name, fake_cuda_indexing, mo
 
 @pytest.mark.parametrize("plan, heads", [(COLWISE_KV, 1), (GATHERED_KV, 2), (MLP_ONLY, 2)])
 def test_latest_tp_heads_unchanged_by_the_shim(plan, heads, monkeypatch):
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     shim.FIX.install()
     try:
         model = tp_model(plan)
@@ -304,7 +304,7 @@ def test_seed_003_on_the_simulated_accelerator(version):
 
 @affected_only
 def test_affected_probe_finds_both_bugs():
-    found = shim.verdict()
+    found = shim.FIX.verdict()
     assert (found.masks.state, found.tp_heads.state) == (State.NEEDED, State.NEEDED), found
     assert shim.FIX.detect().state is State.NEEDED
     assert all(check.passed for check in self_test(shim.FIX))
@@ -312,7 +312,7 @@ def test_affected_probe_finds_both_bugs():
 
 @affected_only
 def test_affected_version_gets_the_guard_at_pack_load(monkeypatch):
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     found = pack_registry.status(shim.FIX)  # NEEDED is what makes the registry install it at pack load
     assert found.state is State.NEEDED and found.provisional
 
@@ -370,11 +370,11 @@ def seeded_ids(model) -> list[int]:
 def first_use_and_later_ids(monkeypatch) -> tuple[list[int], list[int], list[int]]:
     """Seeded ids of the first generate() after start-up (it runs the probe), of the second, and without the pack."""
     model = tiny_qwen3()
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     shim.FIX.install()
     try:
         first, second = seeded_ids(model), seeded_ids(model)
-        assert shim._verdict is not None, "the first generate() did not probe"
+        assert shim.FIX._verdict is not None, "the first generate() did not probe"
     finally:
         shim.FIX.uninstall()
     print(f"first call after start-up: {first}\nsecond call:               {second}")
@@ -398,7 +398,7 @@ def test_affected_seeded_generate_red_with_a_probe_on_the_global_generator(monke
 
 @affected_only
 def test_affected_verdict_is_logged_once(installed, monkeypatch, caplog):
-    monkeypatch.setattr(shim, "_verdict", None)
+    monkeypatch.setattr(shim.FIX, "_verdict", None)
     caplog.set_level("INFO", logger="minimax_hotfix")
     assert pack_registry.status(shim.FIX).provisional  # as at pack load
     tiny_qwen3().generate(input_ids=PROMPT, attention_mask=PADDED, **GENERATE)

@@ -17,7 +17,7 @@ from ...kernels.transformers_static_cache import (
     prepare_on_fake_cuda,
     unwrapped,
 )
-from ...patches.transformers_static_cache import verdict
+from ...patches.transformers_static_cache import FIX
 
 
 def repair_regardless(half: str) -> bool:
@@ -30,7 +30,7 @@ def self_test():
         return
     from transformers.generation.utils import GenerationMixin
 
-    found = verdict()
+    found = FIX.verdict()
     yield Check("verdict", found.masks.state is not State.FAILED and found.tp_heads.state is not State.FAILED,
                 found.combined().reason)
     prepare = unwrapped(GenerationMixin, PREPARE_INPUTS)
