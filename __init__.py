@@ -21,6 +21,7 @@ else:
     from .api import attach_to_transformers_model, detach_from_transformers_model  # noqa: F401  (public)
     from .nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
     from .nodes.known_error_route import register_known_error_route
+    from .nodes.prompt_fixing import register_prompt_fixing
     from .nodes.swap_route import register_swap_route
     from .registry import install_process_fixes
 
@@ -28,6 +29,7 @@ else:
     install_process_fixes()
     register_swap_route()
     register_known_error_route()
+    register_prompt_fixing()
 
 WEB_DIRECTORY = "./web"  # the frontend extension (web/minimax_hotfix.js): swap menu entries and commands, known-error notices
 

@@ -731,17 +731,37 @@ def _api_consumers(doc: dict, node_id: str, slot=None):
             and (slot is None or value[1] == slot)]
 
 
+def _consumers_by_source(doc: dict, sources: set, model_inputs: set) -> dict:
+    """In one pass, the inputs that matter to the Apply nodes: every input taking an output of ``sources`` (the loaders
+    with known outputs), and every ``model_inputs`` input (for the warning about loaders of unknown outputs): source
+    id -> [(slot, consumer id, input name)]."""
+    found = collections.defaultdict(list)
+    for consumer_id, node in doc.items():
+        for name, value in (node.get("inputs") or {}).items():
+            if type(value) is list and len(value) == 2:
+                source = value[0] if type(value[0]) is str else str(value[0])
+                if source in sources or name.lower() in model_inputs:
+                    found[source].append((value[1], consumer_id, name))
+    return found
+
+
 def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
+    """Inserts the Apply nodes, replacing every node it changes with a changed copy (the nodes themselves are never
+    written to, so a caller's shallow copy of ``doc`` keeps its original intact)."""
     inserted, warnings = [], []
     model_inputs = {input_name for _, input_name in APPLY_NODE.values()}
-    for node_id, node in list(doc.items()):
+    sources = {node_id for node_id, node in doc.items() if node["class_type"] in API_LOADER_OUTPUTS}
+    consumers = _consumers_by_source(doc, sources, model_inputs)
+    copied: set = set()
+    next_id = max([0] + [int(key) for key in map(str, doc) if key.isascii() and key.isdigit()]) + 1
+    for node_id, node in [(node_id, node) for node_id, node in doc.items() if node_id in consumers]:
         class_type = node["class_type"]
         if class_type in STOCK_TO_PACK or class_type.startswith(RULES["pack_node_prefix"]):
             continue
         outputs = API_LOADER_OUTPUTS.get(class_type)
         if outputs is None:
             own_inputs = {name.lower() for name in node.get("inputs") or {}}
-            fed = sorted({name for _, name in _api_consumers(doc, node_id)
+            fed = sorted({name for _, _, name in consumers[node_id]
                           if name.lower() in model_inputs and name.lower() not in own_inputs})
             if fed:
                 warnings.append(f"node {node_id} ({class_type}) feeds {', '.join(fed)} but its output types are "
@@ -752,12 +772,16 @@ def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
             if io_type not in APPLY_NODE:
                 continue
             apply_type, input_name = APPLY_NODE[io_type]
-            consumers = [(cid, name) for cid, name in _api_consumers(doc, node_id, slot)
-                         if doc[cid]["class_type"] != apply_type]
-            if not consumers:
+            taking = [(cid, name) for taken, cid, name in consumers.get(node_id, ())
+                      if taken == slot and doc[cid]["class_type"] != apply_type]
+            if not taking:
                 continue
-            apply_id = str(max([0] + [int(key) for key in doc if re.fullmatch("[0-9]+", str(key))]) + 1)
-            for consumer_id, name in consumers:
+            apply_id = str(next_id)
+            next_id += 1
+            for consumer_id, name in taking:
+                if consumer_id not in copied:
+                    copied.add(consumer_id)
+                    doc[consumer_id] = {**doc[consumer_id], "inputs": dict(doc[consumer_id]["inputs"])}
                 doc[consumer_id]["inputs"][name] = [apply_id, 0]
             apply = {"inputs": {input_name: [node_id, slot]}, "class_type": apply_type,
                      "_meta": {"title": apply_type, INSERTED_KEY: {"after": [node_id, slot]}}}
@@ -793,6 +817,24 @@ def _chosen_node(doc: dict, only: dict):
     raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
 
 
+def swap_api(prompt: dict) -> Changes:
+    """The swap of an API-format ``prompt`` that ``validate`` accepted, in one pass over its nodes: ``prompt``'s
+    entries are replaced by changed copies, the nodes themselves never written to, so the server's on-prompt handler
+    swaps a shallow copy and leaves the client's prompt as it came (registry/prompt_fixing.py). Checks the nodes'
+    shape first (WorkflowError before anything changes); not their depth, which only ``swap``'s callers that copy or
+    render the whole document need (``validate``)."""
+    if workflow_format(prompt) != "api":
+        raise WorkflowError("expected an API-format workflow (an object of nodes, each with a \"class_type\")")
+    _check_api(prompt, reverse=False)
+    changes = Changes()
+    for key, node in list(prompt.items()):
+        if node["class_type"] in STOCK_TO_PACK:
+            prompt[key] = {**node, "class_type": STOCK_TO_PACK[node["class_type"]]}
+            changes.swapped.append(prompt[key])
+    changes.inserted, changes.warnings = _insert_api_apply_nodes(prompt)
+    return changes
+
+
 def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None = None) -> Changes:
     """Swaps ``doc`` in place (stock -> pack, or pack -> stock with ``reverse``); returns what changed. ``only``
     (UI format, swap only) limits the swap to one node: ``{"graph": subgraph id or None, "node": node id}``.
@@ -807,10 +849,7 @@ def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None =
             changes.kept = [{"id": key, **node} for key, node in doc.items()
                             if node["class_type"].startswith(RULES["pack_node_prefix"])]
         else:
-            changes.swapped = [node for node in doc.values() if node["class_type"] in STOCK_TO_PACK]
-            for node in changes.swapped:
-                node["class_type"] = STOCK_TO_PACK[node["class_type"]]
-            changes.inserted, changes.warnings = _insert_api_apply_nodes(doc)
+            changes = swap_api(doc)
         return changes
     nodes = ui_nodes(doc)
     if reverse:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..contract import Check, Fix, package_version
 from ..registry import all_fixes, attachment, status
+from ..registry.prompt_fixing import PROMPT_FIXING
 from ..registry.status_table import retirement_rows, status_rows, status_table, text_table
 from . import self_test
 from .progress import progress
@@ -80,6 +81,7 @@ def environment() -> list[tuple[str, str, str | list[str] | None]]:
         ("transformers", "transformers", package_version("transformers")),
         ("gguf", "gguf", package_version("gguf")),
         ("devices", "devices", devices()),
+        ("server_side_fixing", "server-side fixing", PROMPT_FIXING.describe()),
     ]
 
 

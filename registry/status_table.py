@@ -7,6 +7,7 @@ import textwrap
 
 from ..contract import Fix, State
 from . import all_fixes, attachment, broken_modules, status
+from .prompt_fixing import PROMPT_FIXING
 
 
 def status_rows(fixes: list[Fix] | None = None) -> list[tuple[str, str, str]]:
@@ -61,4 +62,5 @@ def status_table(width: int | None = None, fixes: list[Fix] | None = None) -> st
                 for fix_id, fixed_by, delete_when in retirement_rows(fixes)]
     table = text_table([(fix_id, state, attached.get(fix_id, "-"), reason) for fix_id, state, reason in rows],
                        ("fix", "state", "attached", "reason"), width)
+    table += "\n\n" + text_table([("server-side fixing", PROMPT_FIXING.describe())], width=width)
     return table + ("\n\n" + text_table(retiring, ("fix", "retirement"), width) if retiring else "")

@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e,
 APP = "window.comfyAPI.app.app"
 API = "window.comfyAPI.api.api"
 SETTING = "MiniMaxHotfix.ExplainKnownErrors"
+FIX_EVERY_RUN = "MiniMaxHotfix.FixEveryRun"
 NOTICE = "document.getElementById('minimax-hotfix-known-error')"
 CORE = "0.36/0.37 VAE"
 TINY = {"MiniMaxH3ImageToVideo": {"width": 64, "height": 64, "length": 5}, "BasicScheduler": {"steps": 2}}
@@ -147,7 +148,7 @@ def test_a_known_error_names_its_bug_fixes_the_workflow_and_runs_again(page):
     shown = notice(browser)
     assert shown["text"].startswith("MiniMax Hotfix: A known bug (vae_qk_norm_scale): MiniMax H3's video VAE was "
                                     "loaded partly"), shown
-    assert shown["buttons"] == ["Fix this workflow", "Close"], shown
+    assert shown["buttons"] == ["Fix this workflow", "Fix every run on this server", "Close"], shown
 
     click_button(browser, "Fix this workflow")
     browser.wait_for(f"{NOTICE}?.querySelector('button')?.textContent === 'Run again'", 30)
@@ -161,6 +162,33 @@ def test_a_known_error_names_its_bug_fixes_the_workflow_and_runs_again(page):
     assert notice(browser) is None
     assert "vae_qk_norm_scale attached" in log.read_text()[before_rerun:]  # the fix alone: ck_rope_device is off
     print(f"\nfailed twice, fixed and ran again in {time.monotonic() - started:.1f} s")
+
+
+def test_fix_every_run_turns_server_side_fixing_on_and_the_rerun_succeeds_with_the_canvas_unchanged(page):
+    """The notice's third answer: the user's setting goes on, the server fixes the rerun (and every later one) while
+    the canvas keeps its stock loaders."""
+    browser, base = page
+    load(browser, stock_text_to_video())
+    errors, successes = browser.evaluate("[runs.errors.length, runs.successes]")
+    browser.evaluate(f"{APP}.extensionManager.setting.set('{SETTING}', true)")
+    try:
+        browser.evaluate(f"{APP}.extensionManager.setting.set('{FIX_EVERY_RUN}', false)")
+        # red control: the setting off, the stock workflow fails as before
+        queue_and_wait(browser, f"runs.errors.length === {errors + 1} && !!{NOTICE}")
+        assert "Fix every run on this server" in notice(browser)["buttons"]
+        log = base / "comfyui.log"
+        before_rerun = len(log.read_text())
+        click_button(browser, "Fix every run on this server")
+        browser.wait_for(f"runs.successes === {successes + 1} || runs.errors.length > {errors + 1}", 120)
+        assert browser.evaluate("runs.errors.length") == errors + 1, browser.evaluate("runs.errors.at(-1)")
+        assert browser.evaluate(f"{APP}.extensionManager.setting.get('{FIX_EVERY_RUN}')") is True
+        types = browser.evaluate(f"{APP}.rootGraph.nodes.map(node => node.type)")
+        assert "VAELoader" in types and not any(t.startswith("MiniMaxHotfix") for t in types), types
+        rerun = log.read_text()[before_rerun:]
+        assert "MiniMax Hotfix: fixed a prompt on the server: 4 loader(s) swapped, 0 Apply node(s) inserted" in rerun, rerun
+        assert "vae_qk_norm_scale attached" in rerun
+    finally:
+        browser.evaluate(f"{APP}.extensionManager.setting.set('{FIX_EVERY_RUN}', false)")
 
 
 VAE_ERROR = {"exception_message": "Expected all tensors to be on the same device, but found at least two devices, "
@@ -182,7 +210,8 @@ def test_a_model_from_another_loader_gets_an_apply_node_then_the_fix_state(page)
     browser.wait_for(f"!!{NOTICE}", 30)
     shown = notice(browser)
     assert shown["text"].endswith("MiniMaxHotfixApplyVAE after CheckpointLoaderSimple attaches the fix."), shown
-    assert shown["buttons"] == ["Insert MiniMaxHotfixApplyVAE after Load Checkpoint", "Close"], shown
+    assert shown["buttons"] == ["Insert MiniMaxHotfixApplyVAE after Load Checkpoint", "Fix every run on this server",
+                                "Close"], shown
 
     click_button(browser, shown["buttons"][0])
     browser.wait_for(f"{NOTICE}?.querySelector('button')?.textContent === 'Run again'", 30)

@@ -11,6 +11,7 @@ import { RULES } from "./swap_rules.js";
 const FIX_COMMAND = "MiniMaxHotfix.FixWorkflow";
 const REVERSE_COMMAND = "MiniMaxHotfix.ReverseWorkflow";
 const EXPLAIN_SETTING = "MiniMaxHotfix.ExplainKnownErrors";
+const FIX_EVERY_RUN_SETTING = "MiniMaxHotfix.FixEveryRun";  // registry/prompt_fixing.py reads it per user
 const NOTICE_ID = "minimax-hotfix-known-error";
 
 function applyType(node) {
@@ -121,13 +122,24 @@ function fixThenOfferRerun(swap) {
   };
 }
 
+// The third answer: the server fixes this and every later prompt of this user (registry/prompt_fixing.py); the
+// canvas keeps its stock loaders.
+const fixEveryRun = {
+  label: "Fix every run on this server",
+  run: async () => {
+    await app.extensionManager.setting.set(FIX_EVERY_RUN_SETTING, true);
+    document.getElementById(NOTICE_ID)?.remove();
+    app.queuePrompt(0);
+  },
+};
+
 function showKnownError(reply) {
   const loader = reply.action === "insert_apply" ? nodeByExecutionId(reply.node) : null;
   if (loader) {
     showNotice(reply.text, [{ label: `Insert ${reply.apply} after ${loader.title ?? loader.type}`,
-                              run: fixThenOfferRerun(() => runSwap({ only: nodeTarget(loader) })) }]);
+                              run: fixThenOfferRerun(() => runSwap({ only: nodeTarget(loader) })) }, fixEveryRun]);
   } else if (reply.action === "fix_workflow" || reply.action === "insert_apply") {
-    showNotice(reply.text, [{ label: "Fix this workflow", run: fixThenOfferRerun(() => runSwap()) }]);
+    showNotice(reply.text, [{ label: "Fix this workflow", run: fixThenOfferRerun(() => runSwap()) }, fixEveryRun]);
   } else {
     showNotice(reply.text, []);
   }
@@ -155,6 +167,11 @@ app.registerExtension({
       name: "MiniMax Hotfix: explain known errors",
       tooltip: "When a run fails with an error that one of MiniMax Hotfix's fixes repairs, say which bug it is and " +
                "offer the fix." },
+    { id: FIX_EVERY_RUN_SETTING, category: ["MiniMax Hotfix", "Server", "Fix every run"], type: "boolean",
+      defaultValue: false, name: "MiniMax Hotfix: fix every run on this server",
+      tooltip: "The server puts every workflow you run through MiniMax Hotfix's loaders, as Fix this workflow does, " +
+               "without changing it on the canvas. Off by default; the server's MINIMAX_HOTFIX_FIX_EVERY_PROMPT, " +
+               "where set, decides for everyone." },
   ],
   setup() {
     api.addEventListener("execution_error", explainError);

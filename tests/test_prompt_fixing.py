@@ -1,0 +1,136 @@
+"""Server-side fixing's decisions and its handler's bounds, without ComfyUI (registry/prompt_fixing.py): the switch
+(environment variable over the queuing user's setting), what a fixed body keeps, idempotence, the log line, the
+hints a headless user reads, and the handler on every document the swap tool's fuzzing draws (never raises, never
+changes anything but a prompt it can read, never changes its input). Through ComfyUI's own validation and real
+servers: tests/test_server_side_fixing.py."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from workflow_fuzzing import api_seeds, examples, without_comfyui_only, workflows
+
+from minimax_hotfix import swap_loaders
+from minimax_hotfix.registry import prompt_fixing
+from minimax_hotfix.registry.prompt_fixing import FIX_EVERY_PROMPT_ENV, PromptFixing, failure_hint, switched_on
+
+STOCK_PROMPT = {
+    "1": {"class_type": "VAELoader", "inputs": {"vae_name": "minimax_h3_video_vae.safetensors"}},
+    "2": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "some.safetensors"}},
+    "3": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["1", 0]}},
+    "4": {"class_type": "KSampler", "inputs": {"model": ["2", 0], "positive": ["5", 0]}},
+    "5": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["2", 1], "text": "a cat"}},
+}
+EXTRA = {"extra_pnginfo": {"workflow": {"nodes": [{"type": "VAELoader"}]}}, "client_id": "c"}
+INT8_MESSAGE = "The operator 'aten::_int_mm' is not currently implemented for the MPS device."
+
+
+def body(prompt=None) -> dict:
+    return {"prompt": copy.deepcopy(STOCK_PROMPT if prompt is None else prompt), "extra_data": copy.deepcopy(EXTRA),
+            "client_id": "c", "number": 3}
+
+
+@pytest.mark.parametrize(("environment", "user", "fixed"), [
+    (None, None, False), (None, False, False), (None, True, True),
+    ("1", None, True), ("on", False, True), ("TRUE", None, True),
+    ("0", True, False), ("off", True, False), ("  ", True, True), ("maybe", False, False),
+])
+def test_the_environment_variable_decides_over_the_users_setting(monkeypatch, environment, user, fixed):
+    if environment is None:
+        monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FIX_EVERY_PROMPT_ENV, environment)
+    assert switched_on(user) is fixed
+    sent = body()
+    assert (PromptFixing().fixed_body(sent, user) is not sent) is fixed
+
+
+def test_a_fixed_prompt_is_the_swap_and_nothing_else_changes(monkeypatch, caplog):
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    sent, fixing = body(), PromptFixing()
+    kept = copy.deepcopy(sent)
+    with caplog.at_level(logging.INFO, logger="minimax_hotfix"):
+        fixed = fixing.fixed_body(sent, True)
+    assert sent == kept, "the handler changed the body it was given"
+    expected = copy.deepcopy(STOCK_PROMPT)
+    swap_loaders.swap(expected)
+    assert fixed["prompt"] == expected
+    assert {key: value for key, value in fixed.items() if key != "prompt"} == \
+        {key: value for key, value in sent.items() if key != "prompt"}
+    assert fixed["prompt"]["1"]["class_type"] == "MiniMaxHotfixVAELoader"
+    assert [r.getMessage() for r in caplog.records if "fixed a prompt" in r.getMessage()] == [
+        "MiniMax Hotfix: fixed a prompt on the server: 1 loader(s) swapped, 2 Apply node(s) inserted (1 x "
+        "MiniMaxHotfixApplyCLIP after CheckpointLoaderSimple, 1 x MiniMaxHotfixApplyModel after CheckpointLoaderSimple, "
+        "1 x VAELoader -> MiniMaxHotfixVAELoader)"]
+    # idempotent: a prompt that already goes through the pack comes back as it is, and is not counted
+    again = fixing.fixed_body(fixed, True)
+    assert again is fixed
+    assert fixing.describe().endswith("2 prompt(s) queued with it on, 1 changed")
+
+
+def test_the_status_line_names_the_switch(monkeypatch):
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    assert PromptFixing().describe().startswith("per user (setting \"MiniMax Hotfix: fix every run on this server\"")
+    monkeypatch.setenv(FIX_EVERY_PROMPT_ENV, "1")
+    assert PromptFixing().describe() == f"on for every prompt ({FIX_EVERY_PROMPT_ENV}); 0 prompt(s) queued with it " \
+                                        "on, 0 changed"
+
+
+def test_a_known_error_names_its_fix_and_the_switch():
+    hint = failure_hint(INT8_MESSAGE, 'File "comfy/ldm/minimax/vae.py", line 3', through_pack=False)
+    assert hint.startswith("MiniMax Hotfix: this prompt failed with a known bug (int8_full_precision_mm): at VAE "
+                           "Decode: "), hint
+    assert f"set {FIX_EVERY_PROMPT_ENV}=1 before starting ComfyUI" in hint
+    through = failure_hint(INT8_MESSAGE, 'File "comfy/ldm/minimax/vae.py"', through_pack=True)
+    assert "went through the pack" in through and FIX_EVERY_PROMPT_ENV not in through
+    # red control: an error no fix repairs gets no line
+    assert failure_hint("CUDA out of memory", "", through_pack=False) is None
+
+
+def test_the_startup_hint_names_what_this_machine_needs(monkeypatch, caplog):
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    monkeypatch.setattr(prompt_fixing, "needed_model_fixes", lambda: ["int8_full_precision_mm"])
+    with caplog.at_level(logging.INFO, logger="minimax_hotfix"):
+        prompt_fixing.startup_hint()
+        monkeypatch.setattr(prompt_fixing, "needed_model_fixes", lambda: [])
+        prompt_fixing.startup_hint()  # red control: nothing needed, nothing said
+        monkeypatch.setenv(FIX_EVERY_PROMPT_ENV, "1")
+        prompt_fixing.startup_hint()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("MiniMax Hotfix: needed on this machine: int8_full_precision_mm.") and \
+        FIX_EVERY_PROMPT_ENV in lines[0]
+    assert lines[1].startswith("MiniMax Hotfix: server-side fixing is on")
+
+
+MALFORMED_BODIES = [None, 3, "prompt", [], {}, {"prompt": None}, {"prompt": []}, {"prompt": "x"},
+                    {"prompt": {"1": {"class_type": 3}}}, {"prompt": {"1": {"class_type": "VAELoader", "inputs": []}}},
+                    {"prompt": {"1": None}}, {"prompt": {"1": {"inputs": {}}}},
+                    {"prompt": {"nodes": [], "links": []}}]  # a UI-format workflow where the prompt goes
+
+
+@pytest.mark.parametrize("sent", MALFORMED_BODIES, ids=repr)
+def test_a_body_the_swap_cannot_read_goes_on_unchanged(sent):
+    kept = copy.deepcopy(sent)
+    assert PromptFixing().fixed_body(sent, True) is sent
+    assert sent == kept
+
+
+@without_comfyui_only
+@settings(max_examples=examples(400), deadline=None)
+@given(doc=st.one_of(workflows(), st.sampled_from(api_seeds())), extra=st.none() | st.just(EXTRA))
+def test_the_handler_never_raises_and_changes_only_a_prompt_it_can_read(doc, extra):
+    sent = {"prompt": doc, **({} if extra is None else {"extra_data": copy.deepcopy(extra)})}
+    kept = copy.deepcopy(sent)
+    fixed = PromptFixing().fixed_body(sent, True)
+    assert sent == kept, "the handler changed its input"
+    if fixed is sent:
+        return
+    assert swap_loaders.validate(fixed["prompt"]) == "api"
+    assert {key: value for key, value in fixed.items() if key != "prompt"} == \
+        {key: value for key, value in sent.items() if key != "prompt"}
+    assert PromptFixing().fixed_body(fixed, True) is fixed, "not idempotent"
