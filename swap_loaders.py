@@ -30,12 +30,8 @@ import collections
 import copy
 import json
 import math
-import os
-import re
-import stat
-import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 VERSION = "0.1.0"  # the pack version this file belongs to (pyproject.toml); a test keeps the two equal
 
@@ -790,6 +786,47 @@ def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
     return inserted, warnings
 
 
+def _is_api_link(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
+
+
+def api_model_sources(prompt: dict, node_id: str, models: Iterable[str],
+                  output_types: Callable[[str], Sequence[str]]) -> tuple[list[str], list[str]]:
+    """Where the models of types ``models`` that node ``node_id`` of the API-format ``prompt`` uses come from: (the
+    pack's nodes they pass through last, the loaders they come from without passing a pack node), as node ids.
+    ``output_types(class_type)`` gives a node type's output types. Every link upstream is followed (a sampler takes
+    its model through a guider), but a node counts only where a link of one of ``models`` leaves it: a loader gives
+    that type without taking it in (a node that takes it in, a LoRA loader say, passes the loader's model on)."""
+    models = set(models)
+
+    def takes(node_id: str) -> set[str]:
+        types = set()
+        for value in prompt[node_id].get("inputs", {}).values():
+            if _is_api_link(value) and value[0] in prompt:
+                source_types = output_types(prompt[value[0]]["class_type"])
+                if value[1] < len(source_types):
+                    types.add(source_types[value[1]])
+        return types
+
+    through_pack, loaders, seen, todo = {}, {}, {node_id}, [node_id]
+    while todo:
+        for value in prompt[todo.pop()].get("inputs", {}).values():
+            if not _is_api_link(value) or value[0] not in prompt:
+                continue
+            source, slot = value
+            outputs = output_types(prompt[source]["class_type"])
+            model = outputs[slot] if slot < len(outputs) and outputs[slot] in models else None
+            if model and prompt[source]["class_type"].startswith(RULES["pack_node_prefix"]):
+                through_pack[source] = None
+                continue  # what lies above it reached this node through the pack
+            if model and model not in takes(source):
+                loaders[source] = None
+            if source not in seen:
+                seen.add(source)
+                todo.append(source)
+    return list(through_pack), list(loaders)
+
+
 def _remove_api_apply_nodes(doc: dict) -> list:
     removed = []
     for apply_id, apply in list(doc.items()):
@@ -867,34 +904,9 @@ def swap(doc, reverse: bool = False, version: str = VERSION, only: dict | None =
     return changes
 
 
-# ---- files ----
-
-def _json_layout(text: str) -> dict:
-    """json.dumps arguments that reproduce the input's layout: indentation, spacing, escaping of non-ASCII."""
-    layout = {"ensure_ascii": text.isascii()}
-    indent = re.search(r"\n([ \t]+)\S", text)
-    if indent:
-        layout["indent"] = indent.group(1)
-    elif "\n" in text.strip():
-        layout["indent"] = 2
-    else:
-        key_colon = re.search(r'"\s*:(\s?)', text)
-        layout["separators"] = (", ", ": ") if key_colon and key_colon.group(1) else (",", ":")
-    return layout
-
+# ---- documents from text ----
 
 BOM = "\ufeff"
-
-
-def render(doc, original_text: str) -> str:
-    """``doc`` as JSON laid out like ``original_text``: indentation, spacing, escaping, final newline, and the
-    Windows editors' CRLF line ends and UTF-8 byte order mark."""
-    body = original_text.removeprefix(BOM)
-    text = json.dumps(doc, **_json_layout(body))
-    text += "\n" if body.endswith("\n") else ""
-    if "\r\n" in body:
-        text = text.replace("\n", "\r\n")  # json.dumps escapes newlines inside strings: these are all line ends
-    return BOM + text if original_text.startswith(BOM) else text
 
 
 def parse_json(text: str, allow_nan: bool = True):
@@ -910,78 +922,6 @@ def parse_json(text: str, allow_nan: bool = True):
         raise WorkflowError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
         raise WorkflowError(f"nested more than {MAX_DEPTH} levels deep; no ComfyUI workflow is") from None
-
-
-def read_workflow(path: Path):
-    """(document, text) of a workflow file; WorkflowError naming the file for unreadable or malformed input."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise WorkflowError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise WorkflowError(f"{path}: cannot read: not UTF-8 text (byte {exc.start}); save the workflow as UTF-8 "
-                            "or export it again from ComfyUI") from None
-    try:
-        return parse_json(text), text
-    except WorkflowError as exc:
-        raise WorkflowError(f"{path}: {exc}") from None
-
-
-def write_atomically(path: Path, text: str, force: bool = False) -> None:
-    """Writes ``text`` to ``path`` through a temporary file beside the real file (a symlink is followed, not
-    replaced), renamed over it: readers see the old or the new file, never half of one. An existing file keeps its
-    mode and (POSIX) owner; a read-only one is refused unless ``force``. Errors name ``path``, never the temporary
-    file. Only calls that Windows has, or guarded: Windows' ``os`` has no owner ids (no getuid, chown)."""
-    target = Path(os.path.realpath(path))
-    try:
-        existing = target.stat()
-    except FileNotFoundError:
-        existing = None
-    except OSError as exc:
-        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        raise WorkflowError(f"{path}: cannot write: not a regular file")
-    if existing is not None and not force and (not existing.st_mode & 0o222 or not os.access(target, os.W_OK)):
-        raise WorkflowError(f"{path}: the file is read-only; pass --force to replace it anyway")
-    if not target.parent.is_dir():
-        raise WorkflowError(f"{path}: cannot write: folder {target.parent} does not exist")
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise WorkflowError(f"{path}: cannot write in {target.parent}: {exc.strerror}") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        if existing is None:
-            os.chmod(temporary, 0o666 & ~_umask())
-        else:
-            os.chmod(temporary, stat.S_IMODE(existing.st_mode))
-            _keep_owner(temporary, existing)
-            if force and os.name == "nt" and not existing.st_mode & stat.S_IWRITE:
-                os.chmod(target, stat.S_IMODE(existing.st_mode) | stat.S_IWRITE)  # Windows: no rename onto it
-        os.replace(temporary, target)
-    except OSError as exc:
-        os.unlink(temporary)
-        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
-def _keep_owner(temporary: str, existing: os.stat_result) -> None:
-    """Gives the new file the old one's owner (root editing a user's file), where the system has owners."""
-    if not (hasattr(os, "chown") and hasattr(os, "getuid") and hasattr(os, "getgid")):
-        return
-    if (existing.st_uid, existing.st_gid) != (os.getuid(), os.getgid()):
-        os.chown(temporary, existing.st_uid, existing.st_gid)
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
 
 
 def rules_module() -> str:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from ..contract import State
+from ..swap_loaders import api_model_sources
 from . import attachment, fix_named, status
 
-PACK_NODE_PREFIX = "MiniMaxHotfix"
 DOCTOR = "python tools/doctor.py"
 
 
@@ -96,47 +96,6 @@ def known_error(message: str, traceback: str = "") -> KnownError | None:
                  and all(text in traceback for text in entry.traceback)), None)
 
 
-def _is_link(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
-
-
-def model_sources(prompt: dict, node_id: str, models: Iterable[str],
-                  output_types: Callable[[str], Sequence[str]]) -> tuple[list[str], list[str]]:
-    """Where the models of types ``models`` that node ``node_id`` of the API-format ``prompt`` uses come from: (the
-    pack's nodes they pass through last, the loaders they come from without passing a pack node), as node ids.
-    ``output_types(class_type)`` gives a node type's output types. Every link upstream is followed (a sampler takes
-    its model through a guider), but a node counts only where a link of one of ``models`` leaves it: a loader gives
-    that type without taking it in (a node that takes it in, a LoRA loader say, passes the loader's model on)."""
-    models = set(models)
-
-    def takes(node_id: str) -> set[str]:
-        types = set()
-        for value in prompt[node_id].get("inputs", {}).values():
-            if _is_link(value) and value[0] in prompt:
-                source_types = output_types(prompt[value[0]]["class_type"])
-                if value[1] < len(source_types):
-                    types.add(source_types[value[1]])
-        return types
-
-    through_pack, loaders, seen, todo = {}, {}, {node_id}, [node_id]
-    while todo:
-        for value in prompt[todo.pop()].get("inputs", {}).values():
-            if not _is_link(value) or value[0] not in prompt:
-                continue
-            source, slot = value
-            outputs = output_types(prompt[source]["class_type"])
-            model = outputs[slot] if slot < len(outputs) and outputs[slot] in models else None
-            if model and prompt[source]["class_type"].startswith(PACK_NODE_PREFIX):
-                through_pack[source] = None
-                continue  # what lies above it reached this node through the pack
-            if model and model not in takes(source):
-                loaders[source] = None
-            if source not in seen:
-                seen.add(source)
-                todo.append(source)
-    return list(through_pack), list(loaders)
-
-
 MODEL_WORDS = {"VAE": "VAE", "CLIP": "text encoder", "MODEL": "diffusion model"}
 
 
@@ -177,7 +136,7 @@ def explain(error: dict, prompt: dict, output_types: Callable[[str], Sequence[st
     fix = fix_named(entry.fix)
     node_id = str(error.get("node_id"))
     ran_this = node_id in prompt and prompt[node_id]["class_type"] == error.get("node_type")
-    through_pack, loaders = model_sources(prompt, node_id, entry.models, output_types) if ran_this else ([], [])
+    through_pack, loaders = api_model_sources(prompt, node_id, entry.models, output_types) if ran_this else ([], [])
     if entry.remedy is Remedy.PROCESS_WIDE or fix is None or status(fix).state is not State.NEEDED \
             or (through_pack and not loaders):
         return {**reply, "action": "report", "text": f"{said} {_state_line(entry)}"}

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from minimax_hotfix.registry import DISABLE_ENV
+
 # A server start or a prompt fails when its log has not grown for this long (the work's own pace, not a guess of the
 # machine's speed: a busy machine only stretches the wait), or at once when the process or its prompt worker died.
 STALLED_S = 300
@@ -56,6 +58,9 @@ class SimulatedDevice:
     # ComfyUI's dynamic VRAM loader (ModelPatcherDynamic) over the stand-in comfy-aimdo
     # (tests/simulated_device/dynamic_vram); else the legacy loader, as ComfyUI falls back to on a non-NVIDIA device
     dynamic_vram: bool = False
+    # MINIMAX_HOTFIX_DISABLE in the server, e.g. "ck_rope_device": that process-wide fix rescues a stock VAE as well,
+    # so a server that must show the stock VAE's failure beside the pack switches it off
+    switched_off: str = ""
 
     @property
     def loader(self) -> str:
@@ -71,7 +76,8 @@ class SimulatedDevice:
         path = os.pathsep.join(filter(None, (*map(str, folders), os.environ.get("PYTHONPATH"))))
         return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
-                simulated_accelerator.CURRENT_ENV: str(self.current)}
+                simulated_accelerator.CURRENT_ENV: str(self.current),
+                **({DISABLE_ENV: self.switched_off} if self.switched_off else {})}
 
 @dataclass(frozen=True)
 class CudaDevice:

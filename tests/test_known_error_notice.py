@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 
 import pytest
 import simulated_cores
@@ -27,7 +26,6 @@ from comfyui_server import PACK_ROOT, SimulatedDevice
 from seed_scenarios import H3_RESIDENT_MB, RESERVE_MB
 
 from minimax_hotfix import swap_loaders
-from minimax_hotfix.registry import DISABLE_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e,
               pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")]
@@ -39,14 +37,6 @@ FIX_EVERY_RUN = "MiniMaxHotfix.FixEveryRun"
 NOTICE = "document.getElementById('minimax-hotfix-known-error')"
 CORE = "0.36/0.37 VAE"
 TINY = {"MiniMaxH3ImageToVideo": {"width": 64, "height": 64, "length": 5}, "BasicScheduler": {"steps": 2}}
-
-
-@dataclass(frozen=True)
-class WithoutCkRope(SimulatedDevice):
-    """The simulated device in a server whose ``ck_rope_device`` is switched off (see the module's docstring)."""
-
-    def environment(self) -> dict:
-        return {**super().environment(), DISABLE_ENV: "ck_rope_device"}
 
 
 def stock_text_to_video() -> dict:
@@ -78,7 +68,7 @@ def page(device_servers):
     if not chromium_binary():
         pytest.skip("needs a Chromium browser on PATH (Debian: apt-get install -y chromium)")
     # the video VAE partly resident: the budget at which the stock VAE fails (tests/seed_scenarios.py)
-    url, _, base = device_servers(CORE, True, WithoutCkRope(total_mb=RESERVE_MB + H3_RESIDENT_MB["partial"]),
+    url, _, base = device_servers(CORE, True, SimulatedDevice(total_mb=RESERVE_MB + H3_RESIDENT_MB["partial"], switched_off="ck_rope_device"),
                                   cache=True)
     browser = Page()
     try:

@@ -15,7 +15,8 @@ from workflow_api import load, ui_to_api
 from minimax_hotfix import swap_loaders
 from minimax_hotfix.contract import Fix, State, Status, Target
 from minimax_hotfix.registry import fix_module_names
-from minimax_hotfix.registry.known_errors import KNOWN_ERRORS, Remedy, explain, known_error, model_sources
+from minimax_hotfix.registry.known_errors import KNOWN_ERRORS, Remedy, explain, known_error
+from minimax_hotfix.swap_loaders import api_model_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = load(Path(__file__).with_name("workflow_node_specs.json"))["nodes"]
@@ -237,11 +238,11 @@ def test_model_sources_walks_through_pass_through_nodes_and_stops_at_the_pack(ca
               "2": {"class_type": "LoraLoader", "inputs": {"model": ["1", 0], "clip": ["1", 1]}},
               "3": {"class_type": "KSampler", "inputs": {"model": ["2", 0]}}}
     if case == "lora between":
-        assert model_sources(prompt, "3", ("MODEL",), output_types) == ([], ["1"])
+        assert api_model_sources(prompt, "3", ("MODEL",), output_types) == ([], ["1"])
     elif case == "checkpoint":
         prompt["4"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["1", 2]}}
-        assert model_sources(prompt, "4", ("VAE",), output_types) == ([], ["1"])
+        assert api_model_sources(prompt, "4", ("VAE",), output_types) == ([], ["1"])
     else:
         prompt["5"] = {"class_type": "MiniMaxHotfixApplyModel", "inputs": {"model": ["1", 0]}}
         prompt["2"]["inputs"]["model"] = ["5", 0]
-        assert model_sources(prompt, "3", ("MODEL",), output_types) == (["5"], [])
+        assert api_model_sources(prompt, "3", ("MODEL",), output_types) == (["5"], [])

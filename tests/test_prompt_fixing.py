@@ -130,7 +130,7 @@ def test_the_handler_never_raises_and_changes_only_a_prompt_it_can_read(doc, ext
     assert sent == kept, "the handler changed its input"
     if fixed is sent:
         return
-    assert swap_loaders.validate(fixed["prompt"]) == "api"
+    assert swap_loaders.workflow_format(fixed["prompt"]) == "api"  # depth unchecked: the handler never recurses
     assert {key: value for key, value in fixed.items() if key != "prompt"} == \
         {key: value for key, value in sent.items() if key != "prompt"}
     assert PromptFixing().fixed_body(fixed, True) is fixed, "not idempotent"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import simulated_cores
+import torch
 from comfyui_server import (
     SimulatedDevice,
     comfyui_with_pack,
@@ -30,6 +31,7 @@ from comfyui_server import (
     simulated_accelerator_module,
 )
 from seed_scenarios import (
+    H3_COMPARED,
     H3_RESIDENT_MB,
     MIXED,
     RESERVE_MB,
@@ -39,7 +41,6 @@ from seed_scenarios import (
     run,
     workflows,
 )
-from test_known_error_notice import WithoutCkRope
 from workflow_api import MODEL_FOLDERS, load, ui_to_api
 from workflow_fuzzing import BUNDLED, minimax_templates
 
@@ -197,9 +198,17 @@ def test_an_api_client_gets_the_h3_vae_fixed_by_the_setting(device_servers, h3_r
     # the browser notice test's server: ck_rope_device off (it rescues a stock VAE process-wide), the VAE partly
     # resident
     total_mb = RESERVE_MB + H3_RESIDENT_MB["partial"]
-    server = device_servers(core, True, WithoutCkRope(total_mb=total_mb), cache=True)
+    server = device_servers(core, True, SimulatedDevice(total_mb=total_mb, switched_off="ck_rope_device"), cache=True)
     outcome = off_then_on(server, "server_side_vae", total_mb)
     assert_red_then_green(outcome, f"VAEDecode: {MIXED}", "vae_qk_norm_scale", h3_reference, "seed 000 H3 t2v", core)
+    # where no fix is needed (the whole VAE resident), turning it on changes nothing: bit-identical outputs
+    whole = off_then_on(server, "server_side_vae_whole", RESERVE_MB + H3_RESIDENT_MB["full"])
+    (off, _), (on, on_log) = whole["off"], whole["on"]
+    assert off["error"] is None and on["error"] is None, (off["error"], on["error"])
+    assert "fixed a prompt on the server" in on_log
+    assert all(torch.equal(off["tensors"][name], on["tensors"][name]) for name in H3_COMPARED), \
+        {name: (off["tensors"][name] - on["tensors"][name]).abs().max().item() for name in H3_COMPARED}
+    print(f"no fix needed (whole VAE resident): setting off and on bit-identical over {', '.join(H3_COMPARED)}")
 
 
 def test_two_users_at_once_each_by_their_own_setting(comfyui, tmp_path):

@@ -650,3 +650,38 @@ def test_what_the_frontend_opens_is_swapped_and_reversed_exactly(name, doc, summ
     swap_loaders.validate(swapped)
     swap_loaders.swap(swapped, reverse=True)
     assert json.dumps(swapped) == json.dumps(doc)
+
+
+FILE_AND_PROCESS_NAMES = {"os", "tempfile", "shutil", "stat", "pathlib", "Path", "open", "umask", "chdir", "environ"}
+
+
+def file_and_process_names(source: str) -> list[str]:
+    """The names in ``source`` that handle files or change process-wide state."""
+    tree = ast.parse(source)
+    found = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for alias in node.names} | {node.module.split(".")[0] for node in ast.walk(tree)
+                                         if isinstance(node, ast.ImportFrom) and node.module}
+    found |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    found |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    return sorted(found & FILE_AND_PROCESS_NAMES)
+
+
+def test_the_library_the_server_imports_handles_no_files_and_no_process_state():
+    library = (Path(swap_loaders.__file__)).read_text(encoding="utf-8")
+    assert file_and_process_names(library) == []
+    # red control: the library as it was, with the command line's atomic writes and its umask read in it
+    assert file_and_process_names("import os, tempfile\ndef _umask():\n    current = os.umask(0)\n") == \
+        ["os", "tempfile", "umask"]
+
+
+def test_a_new_file_gets_the_mode_every_new_file_gets(tmp_path):
+    """0o666 less the umask, which the system applies: the tool never sets the umask to read it (a race in a
+    threaded process, where other threads create files meanwhile)."""
+    source = tmp_path / "flow.json"
+    source.write_text(json.dumps({"nodes": [{"id": 1, "type": "VAELoader"}], "links": []}))
+    previous = os.umask(0o027)
+    try:
+        assert command_line.main([str(source), "-o", str(tmp_path / "out.json")]) == 0
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "out.json").stat().st_mode) == 0o640

@@ -50,7 +50,7 @@ FRONTEND_EXAMPLES = examples(100)
 def expected_error(source: Path, reverse: bool):
     """The library's answer for the same file: None where it swaps, else the WorkflowError message naming it."""
     try:
-        doc, _ = swap_loaders.read_workflow(source)
+        doc, _ = command_line.read_workflow(source)
     except swap_loaders.WorkflowError as exc:
         return str(exc)
     try:

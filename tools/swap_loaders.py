@@ -13,7 +13,11 @@ it runs with any Python 3.10+, no ComfyUI or torch needed, from the pack's folde
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import secrets
+import stat
 import sys
 from pathlib import Path
 
@@ -22,16 +26,119 @@ from doctor import load_pack  # noqa: E402
 
 load_pack()
 from minimax_hotfix.swap_loaders import (  # noqa: E402
+    BOM,
     VERSION,
     WorkflowError,
-    read_workflow,
-    render,
+    parse_json,
     rules_module,
     swap,
-    write_atomically,
 )
 
 PROG = "swap_loaders"
+
+
+# ---- files: the command line's alone (the library the server imports reads and returns documents only) ----
+
+def _json_layout(text: str) -> dict:
+    """json.dumps arguments that reproduce the input's layout: indentation, spacing, escaping of non-ASCII."""
+    layout = {"ensure_ascii": text.isascii()}
+    indent = re.search(r"\n([ \t]+)\S", text)
+    if indent:
+        layout["indent"] = indent.group(1)
+    elif "\n" in text.strip():
+        layout["indent"] = 2
+    else:
+        key_colon = re.search(r'"\s*:(\s?)', text)
+        layout["separators"] = (", ", ": ") if key_colon and key_colon.group(1) else (",", ":")
+    return layout
+
+
+def render(doc, original_text: str) -> str:
+    """``doc`` as JSON laid out like ``original_text``: indentation, spacing, escaping, final newline, and the
+    Windows editors' CRLF line ends and UTF-8 byte order mark."""
+    body = original_text.removeprefix(BOM)
+    text = json.dumps(doc, **_json_layout(body))
+    text += "\n" if body.endswith("\n") else ""
+    if "\r\n" in body:
+        text = text.replace("\n", "\r\n")  # json.dumps escapes newlines inside strings: these are all line ends
+    return BOM + text if original_text.startswith(BOM) else text
+
+
+def read_workflow(path: Path):
+    """(document, text) of a workflow file; WorkflowError naming the file for unreadable or malformed input."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(f"{path}: cannot read: not UTF-8 text (byte {exc.start}); save the workflow as UTF-8 "
+                            "or export it again from ComfyUI") from None
+    try:
+        return parse_json(text), text
+    except WorkflowError as exc:
+        raise WorkflowError(f"{path}: {exc}") from None
+
+
+def _new_temporary(target: Path) -> tuple[int, str]:
+    """A new file beside ``target``, opened for writing with mode 0o666 less the process's umask, as any new file
+    gets (tempfile's are 0o600); the umask is applied by the system, never read by setting it."""
+    for _ in range(100):
+        temporary = str(target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp"))
+        try:
+            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
+def write_atomically(path: Path, text: str, force: bool = False) -> None:
+    """Writes ``text`` to ``path`` through a temporary file beside the real file (a symlink is followed, not
+    replaced), renamed over it: readers see the old or the new file, never half of one. An existing file keeps its
+    mode and (POSIX) owner; a read-only one is refused unless ``force``. Errors name ``path``, never the temporary
+    file. Only calls that Windows has, or guarded: Windows' ``os`` has no owner ids (no getuid, chown)."""
+    target = Path(os.path.realpath(path))
+    try:
+        existing = target.stat()
+    except FileNotFoundError:
+        existing = None
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise WorkflowError(f"{path}: cannot write: not a regular file")
+    if existing is not None and not force and (not existing.st_mode & 0o222 or not os.access(target, os.W_OK)):
+        raise WorkflowError(f"{path}: the file is read-only; pass --force to replace it anyway")
+    if not target.parent.is_dir():
+        raise WorkflowError(f"{path}: cannot write: folder {target.parent} does not exist")
+    try:
+        handle, temporary = _new_temporary(target)
+    except OSError as exc:
+        raise WorkflowError(f"{path}: cannot write in {target.parent}: {exc.strerror}") from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if existing is not None:
+            os.chmod(temporary, stat.S_IMODE(existing.st_mode))
+            _keep_owner(temporary, existing)
+            if force and os.name == "nt" and not existing.st_mode & stat.S_IWRITE:
+                os.chmod(target, stat.S_IMODE(existing.st_mode) | stat.S_IWRITE)  # Windows: no rename onto it
+        os.replace(temporary, target)
+    except OSError as exc:
+        os.unlink(temporary)
+        raise WorkflowError(f"{path}: cannot write: {exc.strerror}") from None
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _keep_owner(temporary: str, existing: os.stat_result) -> None:
+    """Gives the new file the old one's owner (root editing a user's file), where the system has owners."""
+    if not (hasattr(os, "chown") and hasattr(os, "getuid") and hasattr(os, "getgid")):
+        return
+    if (existing.st_uid, existing.st_gid) != (os.getuid(), os.getgid()):
+        os.chown(temporary, existing.st_uid, existing.st_gid)
+
 
 
 def default_output(source: Path, reverse: bool) -> Path:
