@@ -4,7 +4,15 @@ lib = None
 devctxs: list[int] = []
 
 
-def init(*args, **kwargs):
+def detect_vendor():
+    """As the real one: the vendor the installed torch was built for (None for the CPU build the tests run)."""
+    import torch
+
+    version = torch.__version__
+    return "cuda" if "+cu" in version else "rocm" if "+rocm" in version else None
+
+
+def init(implementation: str | None = None, simple_vram_headroom: int | None = None, nvml_pressure: bool = False):
     return True
 
 

@@ -14,6 +14,9 @@ class HostBuffer:
     def extend(self, size, reallocate=False, register=True):
         raise NotImplementedError("pinned host memory is off with the simulated device's comfy-aimdo")
 
+    def read_file_slice(self, file_obj, file_offset, size, offset=0, stream=0, device_ptr=0, device=-1):
+        raise NotImplementedError("no direct file reads into pinned memory with the simulated device's comfy-aimdo")
+
     def register(self, offset, size):
         pass
 

@@ -142,6 +142,13 @@ class ModelVBAR:
     def set_watermark(self, size_bytes):
         pass
 
+    def get_nr_pages(self) -> int:
+        """A page is one slot here (the real library's are 32 MB)."""
+        return len(self.slots)
+
+    def get_watermark(self) -> int:
+        return self.loaded_size()
+
     def get_residency(self):
         return [int(slot.tensor is not None) | (2 * (slot.pins > 0)) for slot in self.slots.values()]
 
