@@ -116,9 +116,11 @@ class CpuDeviceCudaQuery(Fix):
         if unanswered:
             return Status(State.FAILED, f"target drifted: {', '.join(unanswered)} ask CUDA about a CPU device even "
                                         "on a machine without CUDA")
+        answering = [name for name in _named(queries) if name not in _named(asking)]
         return Status(State.NEEDED, f"as on an NVIDIA machine, {', '.join(_named(asking))} ask CUDA about a CPU "
                                     "device (ValueError: Expected a cuda device, but got: cpu); a CPU device gets "
-                                    "their answer as on a machine without CUDA, a CUDA device still asks CUDA")
+                                    "their answer as on a machine without CUDA, a CUDA device still asks CUDA"
+                                    + (f"; fixed upstream: {', '.join(answering)}" if answering else ""))
 
     def _log_first_cpu_answer(self, name: str, device, answer) -> None:
         with self._lock:  # two threads with the same first answer must not both log it
