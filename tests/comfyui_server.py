@@ -124,6 +124,21 @@ NODE_CLASS_MAPPINGS = {"CLIPLoaderGGUF": CLIPLoaderGGUF}
 '''
 
 
+# The frontends the browser tests run on: the one ComfyUI's requirements pin (0.33.0: 1.49.6), and the newest release,
+# which tools/test.sh installs beside .venv-comfyui and ComfyUI serves with --front-end-root
+FRONTENDS = ("pinned", "comfyui-frontend-package-1.58.1")
+
+
+def front_end_options(frontend: str) -> tuple[str, ...]:
+    """ComfyUI's options to serve ``frontend`` (one of FRONTENDS)."""
+    if frontend == "pinned":
+        return ()
+    root = Path(sys.prefix) / "extra" / frontend / "comfyui_frontend_package" / "static"
+    if not root.is_dir():
+        pytest.skip(f"needs {root}: tools/test.sh installs it with .venv-comfyui")
+    return ("--front-end-root", str(root))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

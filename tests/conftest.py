@@ -125,7 +125,7 @@ def device_int8_models(tmp_path_factory, comfyui):
 
 @pytest.fixture(scope="session")
 def device_servers(device_models, tmp_path_factory):
-    """``server(core, pack, device, models=None, cache=False)``: (url, object_info, base) of a running ComfyUI on a
+    """``server(core, pack, device, models=None, cache=False, options=())``: (url, object_info, base) of a running ComfyUI on a
     simulated core (tests/simulated_cores.py) serving the models folder ``models`` (default ``device_models``) and the
     official templates' input images (small stand-ins in the core's input folder), the probe node installed, started
     once per key and shared by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py,
@@ -143,9 +143,9 @@ def device_servers(device_models, tmp_path_factory):
     cores, running = {}, {}
     with contextlib.ExitStack() as stack:
         def server(core: str, pack: bool, device: SimulatedDevice | None, models: Path | None = None,
-                   cache: bool = False):
+                   cache: bool = False, options: tuple[str, ...] = ()):
             models = models or device_models
-            key = (core, pack, device, models, cache)
+            key = (core, pack, device, models, cache, options)
             if key not in running:
                 if core not in cores:
                     cores[core] = simulated_cores.build_core(core, tmp_path_factory.mktemp("core") / "ComfyUI")
@@ -155,9 +155,9 @@ def device_servers(device_models, tmp_path_factory):
                 (base / "models").symlink_to(models, target_is_directory=True)
                 started = time.monotonic()
                 url, object_info = stack.enter_context(comfyui_with_pack(
-                    cores[core], base, HERE / "comfyui_probe", options=() if cache else ("--cache-none",),
+                    cores[core], base, HERE / "comfyui_probe", options=(*(() if cache else ("--cache-none",)), *options),
                     device=device, pack=pack))
-                print(f"\nserver {core!r} pack={pack} device={device} models={models.name} cache={cache} "
+                print(f"\nserver {core!r} pack={pack} device={device} models={models.name} cache={cache} {options} "
                       f"ready in {time.monotonic() - started:.1f} s")
                 running[key] = url, object_info, base
             return running[key]

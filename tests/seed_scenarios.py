@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import scenario_table
-from comfyui_server import finished_prompt, http, unload_models
+from comfyui_server import SimulatedDevice, finished_prompt, http, unload_models
 from safetensors.torch import load_file
 from workflow_api import load, official_template, ui_to_api
 from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
@@ -35,6 +35,13 @@ MIXED = "Expected all tensors to be on the same device, but found at least two d
 REFERENCE_CORE = "0.36/0.37 VAE"  # on the CPU the cores' vae.py compute the same (.to(query.device) is a no-op)
 H3_RESIDENT_MB = {"full": 256, "partial": 1.5, "smallest": 0}  # 1.5 of the tiny video VAE's 2.89 MB (float32)
 H3_INT8_RESIDENT_MB = {"full": 256, "partial": 3, "smallest": 0}  # splits the int8 DiT and the int8 video VAE
+
+
+def without_ck_rope() -> "SimulatedDevice":
+    """The device of the servers that show the stock H3 VAE's failure beside the pack (the known-error notice, server-
+    side fixing): ``ck_rope_device`` off, since that process-wide fix rescues a stock VAE as well; the video VAE partly
+    resident, the budget at which the stock VAE fails."""
+    return SimulatedDevice(total_mb=RESERVE_MB + H3_RESIDENT_MB["partial"], switched_off="ck_rope_device")
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ import time
 import pytest
 import simulated_cores
 from cdp import Page, chromium_binary
-from comfyui_server import PACK_ROOT, SimulatedDevice
-from seed_scenarios import H3_RESIDENT_MB, RESERVE_MB
+from comfyui_server import FRONTENDS, PACK_ROOT, front_end_options
+from seed_scenarios import without_ck_rope
 
 from minimax_hotfix import swap_loaders
 
@@ -63,13 +63,12 @@ def video_vae_from_a_checkpoint() -> tuple[dict, str]:
     return workflow, str(decode["id"])
 
 
-@pytest.fixture(scope="module")
-def page(device_servers):
+@pytest.fixture(scope="module", params=FRONTENDS)
+def page(device_servers, request):
+    """The notice in a real frontend (the pinned one, and the newest release)."""
     if not chromium_binary():
         pytest.skip("needs a Chromium browser on PATH (Debian: apt-get install -y chromium)")
-    # the video VAE partly resident: the budget at which the stock VAE fails (tests/seed_scenarios.py)
-    url, _, base = device_servers(CORE, True, SimulatedDevice(total_mb=RESERVE_MB + H3_RESIDENT_MB["partial"], switched_off="ck_rope_device"),
-                                  cache=True)
+    url, _, base = device_servers(CORE, True, without_ck_rope(), cache=True, options=front_end_options(request.param))
     browser = Page()
     try:
         browser.navigate(url)

@@ -39,6 +39,7 @@ from seed_scenarios import (
     max_abs_diff,
     named,
     run,
+    without_ck_rope,
     workflows,
 )
 from workflow_api import MODEL_FOLDERS, load, ui_to_api
@@ -195,11 +196,9 @@ def test_an_api_client_gets_int8_h3_fixed_by_the_setting(device_servers, device_
 @needs_cores
 def test_an_api_client_gets_the_h3_vae_fixed_by_the_setting(device_servers, h3_reference):
     core = "0.36/0.37 VAE"
-    # the browser notice test's server: ck_rope_device off (it rescues a stock VAE process-wide), the VAE partly
-    # resident
-    total_mb = RESERVE_MB + H3_RESIDENT_MB["partial"]
-    server = device_servers(core, True, SimulatedDevice(total_mb=total_mb, switched_off="ck_rope_device"), cache=True)
-    outcome = off_then_on(server, "server_side_vae", total_mb)
+    # the browser notice test's server (with the pinned frontend): ck_rope_device off, the VAE partly resident
+    server = device_servers(core, True, without_ck_rope(), cache=True)
+    outcome = off_then_on(server, "server_side_vae", without_ck_rope().total_mb)
     assert_red_then_green(outcome, f"VAEDecode: {MIXED}", "vae_qk_norm_scale", h3_reference, "seed 000 H3 t2v", core)
     # where no fix is needed (the whole VAE resident), turning it on changes nothing: bit-identical outputs
     whole = off_then_on(server, "server_side_vae_whole", RESERVE_MB + H3_RESIDENT_MB["full"])

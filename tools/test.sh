@@ -28,6 +28,8 @@ comfy_no_deps="torchaudio==2.11.* $(grep -m1 '^comfyui-workflow-templates-json==
 # A newer comfy-kitchen beside ComfyUI's pinned one, for the tests that read a fix on it (its folder first on the
 # path): 0.2.36 is the first that answers flash_attention_decode_is_available for a non-CUDA device itself.
 comfy_kitchen_overlay="comfy-kitchen==0.2.36"
+# The newest frontend beside the one ComfyUI pins, for the browser tests (ComfyUI serves it with --front-end-root).
+comfy_frontend_overlay="comfyui-frontend-package==1.58.1"
 
 fast=0
 if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
@@ -44,7 +46,7 @@ summary() {  # the last line pytest printed, e.g. "312 passed, 4 skipped in 61.2
 comfyui_env() {  # build (or reuse) .venv-comfyui for the ComfyUI at $1
   local comfy=$1 venv=.venv-comfyui want
   want=$( { grep -vE '^(torch|torchvision|torchaudio)([^a-z_-]|$)' "$comfy/requirements.txt"; \
-            cat tests/requirements-comfyui.txt; echo "$comfy_torch $comfy_no_deps $comfy_kitchen_overlay"; python3 -V; } \
+            cat tests/requirements-comfyui.txt; echo "$comfy_torch $comfy_no_deps $comfy_kitchen_overlay $comfy_frontend_overlay"; python3 -V; } \
           | sha256sum | cut -d' ' -f1)
   if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.requirements.sha" 2>/dev/null)" = "$want" ]; then
     return 0
@@ -57,8 +59,9 @@ comfyui_env() {  # build (or reuse) .venv-comfyui for the ComfyUI at $1
   "${pip[@]}" -r <(grep -vE '^(torch|torchvision|torchaudio)([^a-z_-]|$)' "$comfy/requirements.txt") \
     -r tests/requirements-comfyui.txt || return 1
   "${pip[@]}" --no-deps $comfy_no_deps || return 1
-  "${pip[@]}" --no-deps --no-compile --target "$venv/extra/${comfy_kitchen_overlay/==/-}" "$comfy_kitchen_overlay" \
-    || return 1
+  for overlay in "$comfy_kitchen_overlay" "$comfy_frontend_overlay"; do
+    "${pip[@]}" --no-deps --no-compile --target "$venv/extra/${overlay/==/-}" "$overlay" || return 1
+  done
   echo "$want" > "$venv/.requirements.sha"
 }
 

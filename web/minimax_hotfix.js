@@ -36,6 +36,8 @@ async function loadAsOneStep(workflow, graph) {
   // them; capturing afterwards makes the whole change one undo step and marks the workflow modified.
   const tracker = workflow?.changeTracker;
   tracker?.captureCanvasState();
+  const before = tracker?.activeState;
+  const steps = tracker?.undoQueue?.length;
   if (tracker) tracker._restoringState = true;
   try {
     await app.loadGraphData(graph, false, false, workflow, { checkForRerouteMigration: false });
@@ -43,6 +45,15 @@ async function loadAsOneStep(workflow, graph) {
     if (tracker) tracker._restoringState = false;
   }
   tracker?.captureCanvasState();
+  // Newer frontends (1.58) skip that capture while their load is still settling and then take the loaded graph as
+  // the current state without an undo step (a debounced squashState): the step is recorded here instead.
+  if (!tracker || before === undefined || tracker.undoQueue?.length !== steps) return;
+  const now = JSON.parse(JSON.stringify(app.rootGraph.serialize()));
+  if (JSON.stringify(now) === JSON.stringify(before)) return;
+  tracker.undoQueue.push(before);
+  tracker.redoQueue.length = 0;
+  tracker.activeState = now;
+  tracker.updateModified?.(before);
 }
 
 async function runSwap({ reverse = false, only = null } = {}) {
