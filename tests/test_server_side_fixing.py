@@ -210,6 +210,39 @@ def test_an_api_client_gets_the_h3_vae_fixed_by_the_setting(device_servers, h3_r
     print(f"no fix needed (whole VAE resident): setting off and on bit-identical over {', '.join(H3_COMPARED)}")
 
 
+@needs_cores
+def test_an_api_client_gets_music3_fixed_by_the_setting(device_servers, music3_reference):
+    """Music 3 as an API client posts it. On the simulated device neither Music 3 bug shows (graph capture needs CUDA;
+    the #15607 placement is the process-wide cpu_device_cuda_query, on whatever the switch says), so the red control
+    is the prompt itself: with the setting off it runs the stock loaders, with it on the pack's, which attach the
+    Music 3 graph fixes; both complete, bit-identical to each other and equal to the all-CPU run."""
+    scenario = named("seed 002 Music 3")
+    server = device_servers(scenario.cores[0], True, SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"]))
+    url, _, base = server
+    log = base / "comfyui.log"
+    results = {}
+    for setting in (False, True):
+        set_fix_every_run(url, setting)
+        start = len(log.read_text())
+        try:
+            result = run(server, stock_api_client_workflow(scenario.workflow), f"server_side_music3_{setting}",
+                         budgets(scenario)["smallest"], make_prompt=scenario.make_prompt, probes=scenario.probes)
+        finally:
+            set_fix_every_run(url, False)
+        results[setting] = result, log.read_text()[start:]
+    (off, off_log), (on, on_log) = results[False], results[True]
+    assert off["error"] is None and on["error"] is None, (off["error"], on["error"])
+    assert "fixed a prompt on the server" not in off_log and not any("attached" in line for line in off["fix_lines"])
+    fixed = [line for line in on_log.splitlines() if "fixed a prompt on the server" in line]
+    assert len(fixed) == 1 and "CLIPLoader -> MiniMaxHotfixCLIPLoader" in fixed[0], on_log[-3000:]
+    assert "music3_graph_buffers attached" in on_log or "music3_graph_capture attached" in on_log, on_log[-3000:]
+    assert all(torch.equal(off["tensors"][name], on["tensors"][name]) for name in scenario.compared)
+    diff = max_abs_diff(on["tensors"], music3_reference["tensors"], scenario.compared)
+    assert diff is not None and diff <= 1e-4
+    print(f"\nseed 002 Music 3 | {scenario.cores[0]} | off: completed | on: completed, {fixed[0].split(': ', 1)[1]} | "
+          f"diff vs CPU {diff}; off and on bit-identical")
+
+
 def test_two_users_at_once_each_by_their_own_setting(comfyui, tmp_path):
     """A ``--multi-user`` server (CPU, no models: ComfyUI's validation answers, naming each node's type): alice has
     the setting on, bob off; their prompts, queued at the same moment, come back fixed and stock."""
