@@ -4,6 +4,21 @@ import sys
 import threading
 
 
+def _interleaved(work, arguments, switch_interval: float) -> None:
+    """``work(argument)`` on one thread per argument, all started, with a tiny switch interval so the threads
+    interleave inside their calls, then joined."""
+    threads = [threading.Thread(target=work, args=(argument,)) for argument in arguments]
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(switch_interval)
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(previous)
+
+
 def failures_running_concurrently(checks, rounds: int) -> list[str]:
     """Run each ``check`` (returns True when its result is right) ``rounds`` times on its own thread, all threads
     started together with a tiny switch interval so they interleave inside forwards, not only between them.
@@ -20,16 +35,7 @@ def failures_running_concurrently(checks, rounds: int) -> list[str]:
             except Exception as exc:  # noqa: BLE001 - any error is cross-talk here
                 failures.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=loop, args=(check,)) for check in checks]
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(switch_interval)
+    _interleaved(loop, checks, 1e-5)
     return failures
 
 
@@ -46,14 +52,5 @@ def start_together(calls) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - any error is a lost race here
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(switch_interval)
+    _interleaved(run, calls, 1e-6)
     return errors

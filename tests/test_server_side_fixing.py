@@ -145,22 +145,26 @@ def request(url: str, body=None, user: str | None = None):
 
 
 def stock_api_client_workflow(path=None) -> dict:
-    """The stock workflow as an API client's script holds it: stock loaders, no node of the pack's."""
+    """The stock workflow (default: H3 text to video) as an API client's script holds it: stock loaders, no node of
+    the pack's."""
     _, stock = workflows(*([path] if path else []))
     stock["nodes"] = [node for node in stock["nodes"] if not node["type"].startswith("MiniMaxHotfix")]
     return stock
 
 
-def off_then_on(server, tag: str, total_mb: float) -> dict:
-    """The stock H3 prompt queued with the default user's setting off, then on: {"off"|"on": (result, log text)}."""
+def off_then_on(server, tag: str, total_mb: float, scenario=None) -> dict:
+    """The stock prompt of ``scenario`` (default: H3 text to video) queued with the default user's setting off, then
+    on: {"off"|"on": (result, log text)}."""
     url, _, base = server
     log = base / "comfyui.log"
+    prompt = {} if scenario is None else {"make_prompt": scenario.make_prompt, "probes": scenario.probes}
     outcome = {}
     for setting in (False, True):
         set_fix_every_run(url, setting)
         start = len(log.read_text())
         try:
-            result = run(server, stock_api_client_workflow(), f"{tag}_{'on' if setting else 'off'}", total_mb)
+            result = run(server, stock_api_client_workflow(scenario and scenario.workflow),
+                         f"{tag}_{'on' if setting else 'off'}", total_mb, **prompt)
         finally:
             set_fix_every_run(url, False)
         outcome["on" if setting else "off"] = result, log.read_text()[start:]
@@ -218,19 +222,8 @@ def test_an_api_client_gets_music3_fixed_by_the_setting(device_servers, music3_r
     Music 3 graph fixes; both complete, bit-identical to each other and equal to the all-CPU run."""
     scenario = named("seed 002 Music 3")
     server = device_servers(scenario.cores[0], True, SimulatedDevice(total_mb=budgets(named("seed 000 H3 t2v"))["full"]))
-    url, _, base = server
-    log = base / "comfyui.log"
-    results = {}
-    for setting in (False, True):
-        set_fix_every_run(url, setting)
-        start = len(log.read_text())
-        try:
-            result = run(server, stock_api_client_workflow(scenario.workflow), f"server_side_music3_{setting}",
-                         budgets(scenario)["smallest"], make_prompt=scenario.make_prompt, probes=scenario.probes)
-        finally:
-            set_fix_every_run(url, False)
-        results[setting] = result, log.read_text()[start:]
-    (off, off_log), (on, on_log) = results[False], results[True]
+    outcome = off_then_on(server, "server_side_music3", budgets(scenario)["smallest"], scenario)
+    (off, off_log), (on, on_log) = outcome["off"], outcome["on"]
     assert off["error"] is None and on["error"] is None, (off["error"], on["error"])
     assert "fixed a prompt on the server" not in off_log and not any("attached" in line for line in off["fix_lines"])
     fixed = [line for line in on_log.splitlines() if "fixed a prompt on the server" in line]

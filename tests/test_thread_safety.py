@@ -10,6 +10,7 @@ loses in the first round on the code before the locks and, as each test's red co
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 
@@ -73,7 +74,6 @@ def everyone_inside(module, name: str, meeting: threading.Barrier | None = None,
 
 # --- api.attach_to_transformers_model / detach_from_transformers_model ------------------------------------------------
 
-transformers_fix = pytest.importorskip("minimax_hotfix.patches.transformers_qwen3vl_pos_embed")
 
 
 @pytest.fixture
@@ -86,8 +86,8 @@ def tower_model():
     return model
 
 
-def attach_race_rounds(model, rounds: int) -> list[str]:
-    """What went wrong in ``rounds`` rounds of THREADS concurrent attaches then one detach."""
+def attach_race_rounds(model, rounds: int, racing=contextlib.nullcontext) -> list[str]:
+    """What went wrong in ``rounds`` rounds of THREADS concurrent attaches (inside ``racing()``) then one detach."""
     from minimax_hotfix import api
 
     stock = pack_traces(model)
@@ -96,7 +96,8 @@ def attach_race_rounds(model, rounds: int) -> list[str]:
     api.detach_from_transformers_model(model)
     wrong = []
     for round_ in range(rounds):
-        errors = start_together([lambda: api.attach_to_transformers_model(model)] * THREADS)
+        with racing():
+            errors = start_together([lambda: api.attach_to_transformers_model(model)] * THREADS)
         if pack_traces(model) != attached_once:
             wrong.append(f"round {round_}: {THREADS} attaches left more than one attach's hooks")
         api.detach_from_transformers_model(model)
@@ -122,10 +123,13 @@ def test_concurrent_attaches_then_a_detach_leave_nothing(tower_model):
 @pytest.mark.transformers("latest", "5.8.0")
 @pytest.mark.parametrize("lock", ["the fix's lock", "red control: no lock"])
 def test_attaches_all_inside_the_fix_at_once(tower_model, monkeypatch, lock):
+    from minimax_hotfix import api
+
+    # the fix the public function reaches (another test's registry may have imported its module afresh)
+    fix = pack_registry.fix_named(api.TRANSFORMERS_QWEN3VL_POS_EMBED)
     if lock != "the fix's lock":
-        monkeypatch.setattr(transformers_fix.FIX, "_lock", NoLock())
-    with everyone_inside(transformers_fix, "hook_tower"):
-        wrong = attach_race_rounds(tower_model, 1)
+        monkeypatch.setattr(fix, "_lock", NoLock())
+    wrong = attach_race_rounds(tower_model, 1, lambda: everyone_inside(sys.modules[type(fix).__module__], "hook_tower"))
     if lock == "the fix's lock":
         assert wrong == []
     else:
@@ -135,11 +139,12 @@ def test_attaches_all_inside_the_fix_at_once(tower_model, monkeypatch, lock):
 # --- registry.attach_fixes / detach_fixes on one patcher -----------------------------------------------------------------
 
 
-def registry_attach_rounds(patcher, rounds: int) -> list[str]:
+def registry_attach_rounds(patcher, rounds: int, racing=contextlib.nullcontext) -> list[str]:
     stock = pack_traces(patcher.model)
     wrong = []
     for round_ in range(rounds):
-        errors = start_together([lambda: pack_registry.attach_fixes(patcher, "model")] * THREADS)
+        with racing():
+            errors = start_together([lambda: pack_registry.attach_fixes(patcher, "model")] * THREADS)
         patcher.inject_model()
         hooks = sum(len(m._forward_pre_hooks) for m in patcher.model.modules())
         if hooks != 2:  # one pre-hook on each of the two Linear layers: one attach's worth
@@ -170,8 +175,7 @@ def test_registry_attaches_all_inside_at_once(registry, monkeypatch, lock):
     (fix,) = registry(stacking_fix())
     if lock != "the registry's lock":
         monkeypatch.setattr(pack_registry, "_changing", NoLock())
-    with everyone_inside(fix, "attach"):
-        wrong = registry_attach_rounds(StandInPatcher(tiny_model()), 1)
+    wrong = registry_attach_rounds(StandInPatcher(tiny_model()), 1, lambda: everyone_inside(fix, "attach"))
     if lock == "the registry's lock":
         assert wrong == []
     else:
