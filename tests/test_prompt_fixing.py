@@ -134,3 +134,11 @@ def test_the_handler_never_raises_and_changes_only_a_prompt_it_can_read(doc, ext
     assert {key: value for key, value in fixed.items() if key != "prompt"} == \
         {key: value for key, value in sent.items() if key != "prompt"}
     assert PromptFixing().fixed_body(fixed, True) is fixed, "not idempotent"
+
+
+def test_the_status_table_says_how_server_side_fixing_is_switched(monkeypatch):
+    from minimax_hotfix.registry.status_table import status_table
+
+    monkeypatch.setenv(FIX_EVERY_PROMPT_ENV, "1")
+    table = status_table()
+    assert f"server-side fixing  on for every prompt ({FIX_EVERY_PROMPT_ENV});" in table, table
