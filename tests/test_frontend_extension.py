@@ -54,6 +54,11 @@ def _official_minimax_templates() -> list[tuple[str, dict]]:
 
 
 BUNDLED = sorted(path.stem for path in (PACK_ROOT / "workflows").glob("*.json"))
+# What the newest frontend runs of WORKFLOWS (the pinned one runs them all): a template with subgraphs, the Music 3
+# template, a bundled workflow and a GGUF graph (an Apply node inserted); on 1.58.1 each of them was red before the
+# extension recorded its own undo step
+ON_EVERY_FRONTEND = {"template video_minimax_h3_t2v", "template audio_minimax_music_3",
+                     "bundled MiniMax H3 text to video (stock)", "Music 3 CLIPLoaderGGUF"}
 WORKFLOWS = (_official_minimax_templates() + [(f"bundled {stem} (stock)", _bundled_stock(stem)) for stem in BUNDLED]
              + [("Music 3 CLIPLoaderGGUF", music3_gguf()), ("Music 3 CheckpointLoaderSimple", music3_checkpoint())])
 
@@ -71,7 +76,7 @@ def page(comfyui, tmp_path_factory, request):
             # The extension registered, and the canvas mounted: the workflow service has opened its first workflow.
             browser.wait_for(f"!!({APP}?.extensions?.some(e => e.name === 'MiniMaxHotfix.Swap') "
                              f"&& {APP}.extensionManager?.workflow?.activeWorkflow?.changeTracker)")
-            yield browser, url
+            yield browser, url, request.param
         finally:
             browser.close()
 
@@ -157,7 +162,9 @@ def _check(page, url, workflow, run_js, only=None) -> swap_loaders.Changes:
 
 @pytest.mark.parametrize("name,workflow", WORKFLOWS, ids=[name for name, _ in WORKFLOWS])
 def test_fix_command_equals_the_swap_tool_and_reverse_gives_the_original(page, name, workflow):
-    browser, url = page
+    browser, url, frontend = page
+    if frontend != "pinned" and name not in ON_EVERY_FRONTEND:
+        pytest.skip(f"{frontend} runs a sample of the workflows (ON_EVERY_FRONTEND): CI time")
     changes = _check(browser, url, workflow, FIX)
     if changes:
         original = _load(browser, workflow)
@@ -184,7 +191,7 @@ def _menu_item(node_id) -> str:
 
 @pytest.mark.parametrize("build,node_type", NODE_CASES, ids=[node_type for _, node_type in NODE_CASES])
 def test_node_menu_entry_equals_the_swap_tool_for_that_node(page, build, node_type):
-    browser, url = page
+    browser, url, _ = page
     workflow = build()
     node_id = next(node["id"] for node in workflow["nodes"] if node["type"] == node_type)
     run = (f"(async () => {{ const items = {_menu_item(node_id)}; "
@@ -204,7 +211,7 @@ def _close_overlays(browser) -> None:
 
 
 def test_screenshots_of_the_menu_entry_and_of_a_swapped_workflow(page, tmp_path):
-    browser, _ = page
+    browser, _, _ = page
     workflow = _bundled_stock("MiniMax Music 3")
     node_id = next(node["id"] for node in workflow["nodes"] if node["type"] == "VAELoader")
     _load(browser, workflow)

@@ -22,8 +22,8 @@ import time
 import pytest
 import simulated_cores
 from cdp import Page, chromium_binary
-from comfyui_server import FRONTENDS, PACK_ROOT, front_end_options
-from seed_scenarios import without_ck_rope
+from comfyui_server import FRONTENDS, PACK_ROOT, front_end_options, http
+from seed_scenarios import RESERVE_MB, without_ck_rope
 
 from minimax_hotfix import swap_loaders
 
@@ -68,7 +68,10 @@ def page(device_servers, request):
     """The notice in a real frontend (the pinned one, and the newest release)."""
     if not chromium_binary():
         pytest.skip("needs a Chromium browser on PATH (Debian: apt-get install -y chromium)")
-    url, _, base = device_servers(CORE, True, without_ck_rope(), cache=True, options=front_end_options(request.param))
+    device = without_ck_rope()
+    url, _, base = device_servers(CORE, True, device, cache=True, options=front_end_options(request.param))
+    # the budget the stock VAE fails at, whatever another test sharing this server set last
+    http(url + "/simulated_device", {"total_mb": device.total_mb, "vbar_mb": device.total_mb - RESERVE_MB})
     browser = Page()
     try:
         browser.navigate(url)
