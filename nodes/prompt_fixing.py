@@ -23,7 +23,13 @@ import logging
 import threading
 
 from ..contract import log
-from ..registry.prompt_fixing import FIX_EVERY_RUN_SETTING, PROMPT_FIXING, failure_hint, startup_hint
+from ..registry.prompt_fixing import (
+    FIX_EVERY_PROMPT_ENV,
+    FIX_EVERY_RUN_SETTING,
+    PROMPT_FIXING,
+    failure_hint,
+    startup_hint,
+)
 
 PROMPT_PATHS = ("/prompt", "/api/prompt")
 EXCEPTION_LINE = "!!! Exception during processing !!! "
@@ -120,4 +126,4 @@ def register_prompt_fixing() -> None:
         server.app.on_startup.append(hint_at_startup)
     except Exception as exc:  # noqa: BLE001  (a server already started: the environment variable still works)
         log.warning("MiniMax Hotfix: per-user server-side fixing unavailable (%s); %s still switches it on for "
-                    "every prompt", exc, "MINIMAX_HOTFIX_FIX_EVERY_PROMPT")
+                    "every prompt", exc, FIX_EVERY_PROMPT_ENV)
