@@ -72,11 +72,12 @@ def _weight_stamp(model, embedding) -> tuple:
 def _table_on_compute_device(model, tower, stock):
     """``tower.fast_pos_embed_interpolate``, with the table made on, and kept on, the device the call computes on."""
 
-    def fast_pos_embed_interpolate(grid_thw):
+    def fast_pos_embed_interpolate(grid_thw, *newer, **newer_keywords):
         device = compute_device(tower)
         embedding = tower.pos_embed
-        if device is None or not _casts_weight(embedding):
-            return stock(grid_thw)
+        if device is None or not _casts_weight(embedding) or newer or newer_keywords:
+            # arguments a newer core added (a device, say): its own method knows what they mean, the table does not
+            return stock(grid_thw, *newer, **newer_keywords)
         tables = FIX.resident_tables(tower)
         if embedding.weight.device == device:
             # The weight itself is there now: a copy there would only hold memory. Another device's table stays: the

@@ -53,11 +53,12 @@ def _table_on_compute_device(tower, rotary, copies: ResidentCopies):
     """``rotary.forward``, building the table on the device the tower's current call computes on."""
     stock = rotary.forward
 
-    def forward(seqlen):
+    def forward(seqlen, *newer, **newer_keywords):
         device = compute_device(tower)
         inv_freq = rotary.inv_freq
-        if device is None or inv_freq.device == device:
-            return stock(seqlen)
+        if device is None or inv_freq.device == device or newer or newer_keywords:
+            # arguments a newer core added (a device, say): its own forward knows what they mean, the table does not
+            return stock(seqlen, *newer, **newer_keywords)
         return rotary_frequency_table(copies.on(rotary, inv_freq, device), seqlen)
 
     return forward

@@ -1,0 +1,244 @@
+"""Runs the mutants of tests/mutated_cores.py in one Python process on the simulated accelerator: started by
+``mutated_cores.run_on_core`` with the simulated device's folder and one simulated core's tree on ``PYTHONPATH``
+(installing the device patches torch for the whole process, so this never runs beside other tests).
+
+For each mutant named on the command line: its edited modules are executed under their own names in place of the
+core's (``sys.modules`` and the parent package's attribute, put back afterwards), each fix's detection runs afresh,
+and the mutant's scenario runs three times on a tiny model: on the CPU (the reference), loaded partly onto ``npu:0``
+through ComfyUI's ModelPatcher without the pack (stock) and with the pack's fixes attached as its loaders attach them
+(pack). One JSON line per mutant on stdout, prefixed ``MUTANT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import json
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch_npu  # noqa: F401  (the simulated accelerator: ComfyUI adopts npu:0 through its Ascend path)
+from comfy.cli_args import args
+
+args.disable_pinned_memory = args.force_fp32 = True
+import comfy.model_management  # noqa: E402
+import comfy.model_patcher  # noqa: E402
+import simulated_accelerator  # noqa: E402
+import torch  # noqa: E402
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tools"), str(Path(__file__).resolve().parent)]  # child
+from doctor import load_pack  # noqa: E402
+
+load_pack()
+import mutated_cores  # noqa: E402
+from registry_state import forget_detection  # noqa: E402
+
+from minimax_hotfix import registry  # noqa: E402
+
+NPU = torch.device("npu", 0)
+CPU = torch.device("cpu")
+WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
+
+
+def module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+@contextlib.contextmanager
+def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
+    """The mutant's files executed in place of the core's modules (a removed module raises ImportError)."""
+    folder = WORK / str(len(list(WORK.iterdir())))
+    saved = {}
+    try:
+        for path, source in mutated_cores.mutated_sources(tree, mutant).items():
+            name = module_name(path)
+            parent_name, _, leaf = name.rpartition(".")
+            parent = sys.modules[parent_name]
+            saved[name] = (sys.modules.get(name), getattr(parent, leaf, None))
+            if source is None:
+                sys.modules[name] = None
+                if hasattr(parent, leaf):
+                    delattr(parent, leaf)
+                continue
+            file = folder / path
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(source, encoding="utf-8")
+            spec = importlib.util.spec_from_file_location(name, file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            setattr(parent, leaf, module)
+        yield
+    finally:
+        for name, (module, attribute) in reversed(saved.items()):
+            parent_name, _, leaf = name.rpartition(".")
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+            if attribute is None:
+                if hasattr(sys.modules[parent_name], leaf):
+                    delattr(sys.modules[parent_name], leaf)
+            else:
+                setattr(sys.modules[parent_name], leaf, attribute)
+
+
+def first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: float) -> dict:
+    """``run(model, device)`` on ``build()`` loaded by ComfyUI's ModelPatcher onto npu:0 with ``resident_fraction``
+    of its weights resident, with the pack's fixes for ``target`` attached or not."""
+    model = build()
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=NPU, offload_device=CPU)
+    attached = registry.attach_fixes(patcher, target) if with_pack else []
+    size = comfy.model_management.module_size(model)
+    simulated_accelerator.reset_counters()
+    try:
+        patcher.patch_model(device_to=NPU, lowvram_model_memory=max(1, int(size * resident_fraction)))
+        out = run(model, NPU)
+        result = {"output": out.to(CPU)}
+    except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
+        result = {"error": first_line(exc)}
+    finally:
+        patcher.unpatch_model(CPU)
+        if with_pack:
+            registry.detach_fixes(patcher, target)
+    h2d = simulated_accelerator.host_to_device()
+    result["h2d"] = sum(nbytes for _, nbytes in h2d.values())
+    result["attached"] = attached
+    return result
+
+
+def scenario_outcome(scenario) -> dict:
+    """The scenario's CPU reference, stock and pack runs, compared; in inference mode, as ComfyUI runs a prompt
+    (its loaders build the models there too)."""
+    build, run, target, fraction, *reference_run = scenario
+    try:
+        reference = (reference_run[0] if reference_run else run)(build(), CPU)
+    except Exception as exc:  # noqa: BLE001  (a mutant that breaks the core itself tests nothing)
+        return {"invalid": f"the CPU reference run fails: {first_line(exc)}"}
+    outcome = {}
+    for label, with_pack in (("stock", False), ("pack", True)):
+        result = run_loaded(build, run, with_pack, target, fraction)
+        output = result.pop("output", None)
+        result["diff"] = None if output is None else (output - reference).abs().max().item()
+        result["equal_stock"] = None
+        outcome[label] = result | {"tensor": output}
+    stock, pack = outcome["stock"].pop("tensor"), outcome["pack"].pop("tensor")
+    if stock is not None and pack is not None:
+        outcome["pack"]["equal_stock"] = bool(torch.equal(stock, pack))
+    return outcome
+
+
+def run_mutant(tree: Path, mutant: mutated_cores.Mutant) -> dict:
+    record = {"mutant": mutant.name}
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(mutated_modules(tree, mutant))
+        except Exception as exc:  # noqa: BLE001
+            record["core_error"] = first_line(exc)
+            return record
+        forget_detection(registry)
+        try:
+            found = registry.status(registry.fix_named(mutant.fix))
+            record["state"], record["reason"] = found.state.value, found.reason
+        except Exception:  # noqa: BLE001
+            record["pack_traceback"] = traceback.format_exc()
+            return record
+        scenario = SCENARIOS[mutant.scenario](mutant)
+        try:
+            with torch.inference_mode():
+                record.update(scenario_outcome(scenario))
+        except Exception:  # noqa: BLE001
+            record["pack_traceback"] = traceback.format_exc()
+    return record
+
+
+# --- scenarios: (build, run, target, resident fraction) -------------------------------------------------------------
+
+def vae_decode(mutant):
+    """A tiny H3 video decoder (two blocks) half resident: the seed 000 scenario."""
+    vae = importlib.import_module(mutant.module or "comfy.ldm.minimax.vae")
+    decoder_class = getattr(vae, mutant.target_class or "ViT3DDecoder")
+
+    def build():
+        torch.manual_seed(0)
+        decoder = decoder_class(patch_size=2, patch_size_t=1, in_channels=4, out_channels=3, num_layers=2, heads=2,
+                                dim_head=32)
+        with torch.no_grad():
+            for parameter in decoder.parameters():
+                parameter.copy_(torch.randn(parameter.shape) * 0.05)
+        return decoder
+
+    latent = torch.randn(1, 4, 2, 2, 2, generator=torch.Generator().manual_seed(1))
+    return build, lambda model, device: model(latent.to(device)), "vae", 0.5
+
+
+def vision_tower(mutant):
+    """A tiny Qwen3-VL vision tower with all but a sliver of it offloaded: the seed 001 scenario."""
+    import comfy.ops
+    import comfy.text_encoders.qwen3vl
+
+    from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import outputs, tiny_pixels
+    from minimax_hotfix.kernels.qwen3vl_pos_embed import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
+
+    pixels, grid = tiny_pixels(), torch.tensor(TINY_QWEN3VL_GRID)
+
+    def build():
+        return tiny_qwen3vl_tower(comfy.text_encoders.qwen3vl.Qwen3VLVisionModel, comfy.ops.manual_cast)
+
+    def run(tower, device):
+        return torch.cat([output.flatten() for output in outputs(tower(pixels.to(device), grid))])
+
+    return build, run, "clip", 0.05
+
+
+def int8_vae(mutant):
+    """An int8 layer of the H3 video VAE's kind (built as comfy/sd.py builds it) on a device without
+    ``torch._int_mm``, called through ``linear_input_act`` as the decoder's MLP calls it: the seed 004 scenario.
+    ``mutant.target_class`` names the fused function where the mutant renamed it ("-": removed, callers compute
+    ``linear(act(x))`` themselves)."""
+    import comfy.ops
+
+    from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
+
+    simulated_accelerator.set_int_mm(False)
+    gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1))
+    function_name = mutant.target_class or "linear_input_act"
+
+    def build():
+        return torch.nn.ModuleDict({"layer": tiny_int8_linear(comfy.ops, 64, 16)})
+
+    def reference(model, device):  # the CPU computes int8 in int8 (it has _int_mm): the dequantized weight's result
+        layer = model["layer"]
+        return torch.nn.functional.linear(comfy.ops._swiglu_eager(gated), layer.weight.dequantize())
+
+    def run(model, device):
+        ops = sys.modules["comfy.ops"]  # looked up per call, as the core's modules do
+        if function_name == "-":
+            return model["layer"](ops._swiglu_eager(gated.to(device)))
+        function = getattr(ops, function_name)
+        given = {"linear": model["layer"], "x": gated.to(device), "input_act": "swiglu"}
+        arguments = {name: given.get(name) for name, parameter in inspect.signature(function).parameters.items()
+                     if name in given or parameter.default is inspect.Parameter.empty}
+        return function(**arguments)
+
+    return build, run, "vae", 0.5, reference
+
+
+SCENARIOS = {"int8_vae": int8_vae, "vae_decode": vae_decode, "vision_tower": vision_tower}
+
+
+def main(argv):
+    tree = Path(argv[0])
+    for name in argv[1:]:
+        print("MUTANT " + json.dumps(run_mutant(tree, mutated_cores.named(name))), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,285 @@
+"""Mutated cores: the simulated cores (tests/simulated_cores.py) with one source transformation of the kind upstream
+commits make, per mutant, to the code a fix targets. They test the pack's promise on cores nobody here has run: each
+fix fixes, says *fixed upstream*, or says *failed* and stays off, and the pack is never worse than stock.
+
+A mutant edits files of its base core's tree (exact text replaced, found exactly once, so a mutant whose text has
+drifted fails loudly instead of testing nothing), adds files (a class moved to a new module) or removes them. Its
+scenario (tests/mutant_runs.py) runs a tiny model on the simulated accelerator three times: on the CPU, loaded partly
+without the pack, and with the pack's fixes attached.
+
+Outcome of a mutant (``outcome``):
+* "repaired": stock fails or computes something else than the CPU; the pack's output equals the CPU's.
+* "fixed upstream": stock completes equal to the CPU's and the pack computes exactly what stock does, with no more
+  host-to-device bytes.
+* "failed, same as stock": the fix reads *failed* and the pack fails exactly as stock does.
+* "missed, same as stock": the mutant keeps the bug, but the fix reads *fixed upstream* or *not applicable* and the
+  pack does exactly what stock does (a detection that did not recognise the bug: safe, and nothing for the user).
+* "worse than stock": anything else (an error of the pack's own, another output, more traffic, a traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPAIRED, FIXED_UPSTREAM, FAILED_AS_STOCK, MISSED, WORSE = (
+    "repaired", "fixed upstream", "failed, same as stock", "missed, same as stock", "worse than stock")
+OUTCOMES = (REPAIRED, FIXED_UPSTREAM, FAILED_AS_STOCK, MISSED, WORSE)
+# the kinds of change upstream commits make (issue: mutated cores), one column group of the outcome table each
+RENAME, SIGNATURE, DEVICE, REFACTOR = ("renamed, moved or removed", "parameters changed", "device handling changed",
+                                       "structural refactor")
+KINDS = (RENAME, SIGNATURE, DEVICE, REFACTOR)
+DIFF_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class Edit:
+    """In ``path`` (relative to the core's tree): ``old`` (found exactly once) becomes ``new``."""
+
+    path: str
+    old: str
+    new: str
+    every: bool = False  # every occurrence (a rename), at least one
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    fix: str
+    kind: str
+    core: str  # the simulated core it mutates
+    scenario: str  # tests/mutant_runs.py SCENARIOS
+    why: str  # the upstream change it stands for
+    edits: tuple[Edit, ...] = ()
+    copies: tuple[tuple[str, str], ...] = ()  # (new path, path): new modules copied from the core's, executed first
+    removed: tuple[str, ...] = ()
+    module: str = ""  # where the scenario finds its model class, when the mutant moved it
+    target_class: str = ""  # the model class's name, when the mutant renamed it
+    keeps_bug: bool = True  # the stock run still shows the bug (fails, or its traffic where the bug costs)
+    reloads: tuple[str, ...] = ()  # modules executed again after the edited ones (they import from them)
+
+
+def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str | None]:
+    """path -> the mutant's source of each module it changes, in the order they are executed (None: removed)."""
+    sources: dict[str, str | None] = {new: (tree / path).read_text(encoding="utf-8") for new, path in mutant.copies}
+    for edit in mutant.edits:
+        source = sources.get(edit.path) or (tree / edit.path).read_text(encoding="utf-8")
+        count = source.count(edit.old)
+        if count != 1 and not (edit.every and count):
+            raise ValueError(f"mutant {mutant.name!r}: {edit.path} holds its text {count} times, not once (the core "
+                             f"drifted under the mutant): {edit.old[:80]!r}")
+        sources[edit.path] = source.replace(edit.old, edit.new)  # once, or every occurrence
+    for path in mutant.removed:
+        sources[path] = None
+    for path in mutant.reloads:
+        sources.setdefault(path, (tree / path).read_text(encoding="utf-8"))
+    return sources
+
+
+VAE = "comfy/ldm/minimax/vae.py"
+VAE_CORE = "0.36/0.37 VAE"
+VAE_CALL = "                query, key, rotary_pos_emb, self.qk_norm_scale,\n"
+ATTENTION_CLASS = "class Attention(nn.Module):\n"
+
+
+def vae_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return Mutant(name, "vae_qk_norm_scale", kind, VAE_CORE, "vae_decode", why, tuple(Edit(VAE, *e) for e in edits),
+                  **options)
+
+
+QWEN = "comfy/text_encoders/qwen35.py"
+QWEN_CORE = "0.38 Qwen3-VL"
+QWEN_VL = "comfy/text_encoders/qwen3vl.py"  # its tower subclasses qwen35's: executed again after each edit
+POS_FORWARD = "        pos_embeds = self.fast_pos_embed_interpolate(grid_thw).to(x.device)\n"
+ROT_FORWARD = "        rotary_pos_emb = self.rot_pos_emb(grid_thw).to(x.device)\n"
+POS_DEVICE = "        device = self.pos_embed.weight.device\n"
+ROT_DEVICE = "        seq = torch.arange(seqlen, device=self.inv_freq.device, dtype=self.inv_freq.dtype)\n"
+
+
+def tower_mutant(fix, name, kind, why, *edits, **options) -> Mutant:
+    return Mutant(name, fix, kind, QWEN_CORE, "vision_tower", why,
+                  tuple(Edit(*e) if len(e) == 3 else Edit(QWEN, *e) for e in edits), reloads=(QWEN_VL,), **options)
+
+
+def pos_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return tower_mutant("qwen3vl_pos_embed", f"pos-embed: {name}", kind, why, *edits, **options)
+
+
+def rot_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return tower_mutant("qwen3vl_rotary_table", f"rotary: {name}", kind, why, *edits, **options)
+
+
+TOWER_RENAMED = ((QWEN, "class Qwen35VisionModel(nn.Module):", "class Qwen35VisionTower(nn.Module):"),
+                 (QWEN_VL, "from .qwen35 import Qwen35VisionModel", "from .qwen35 import Qwen35VisionTower"),
+                 (QWEN_VL, "class Qwen3VLVisionModel(Qwen35VisionModel):", "class Qwen3VLVisionModel(Qwen35VisionTower):"))
+
+MUTANTS = (
+    vae_mutant("vae: as the core ships it", DEVICE, "0.36/0.37: qk_norm_scale handed to rms_rope as is (#16390)",
+               (VAE_CALL, VAE_CALL)),
+    vae_mutant("vae: Attention renamed", RENAME, "a rename of the attention class (H3 LightVAE / Sol-H3 style)",
+               (ATTENTION_CLASS, "class VideoAttention(nn.Module):\n"),
+               ("self.attn = Attention(", "self.attn = VideoAttention(")),
+    vae_mutant("vae: ViT3DDecoder renamed", RENAME, "the decoder class renamed",
+               ("class ViT3DDecoder(", "class ViTDecoder3D("), target_class="ViTDecoder3D"),
+    vae_mutant("vae: Attention moved to its own module", RENAME, "the attention class moved to another module "
+               "(here a copy of vae.py), imported back", (ATTENTION_CLASS, "from comfy.ldm.minimax.vae_attention import Attention\n\n\n"
+                                 "class _MovedAttention(nn.Module):\n"),
+               copies=(("comfy/ldm/minimax/vae_attention.py", VAE),)),
+    vae_mutant("vae: call-site .to(query.device)", DEVICE, "PR #16391's fix",
+               (VAE_CALL, VAE_CALL.replace("self.qk_norm_scale,", "self.qk_norm_scale.to(query.device),")),
+               keeps_bug=False),
+    vae_mutant("vae: cast_to at the call site", DEVICE, "the upstream fix in comfy.model_management.cast_to's shape",
+               (VAE_CALL, VAE_CALL.replace("self.qk_norm_scale,", "comfy.model_management.cast_to("
+                                                                  "self.qk_norm_scale, device=query.device),")),
+               keeps_bug=False),
+    vae_mutant("vae: scale built on the compute device", DEVICE, "the unit scale made per call on the query's device",
+               (VAE_CALL, VAE_CALL.replace("self.qk_norm_scale,", "torch.ones(self.dim_head, device=query.device, "
+                                                                  "dtype=query.dtype),")), keeps_bug=False),
+    vae_mutant("vae: persistent buffer", DEVICE, "qk_norm_scale made a persistent buffer (in the state dict)",
+               ('self.register_buffer("qk_norm_scale", torch.ones(dim_head), persistent=False)',
+                'self.register_buffer("qk_norm_scale", torch.ones(dim_head), persistent=True)')),
+    vae_mutant("vae: scale passed by keyword", SIGNATURE, "the kernel's scale passed as q_scale=",
+               (VAE_CALL, "                query, key, rotary_pos_emb, q_scale=self.qk_norm_scale,\n")),
+    vae_mutant("vae: Attention takes a new required argument", SIGNATURE, "Attention(dim, heads, dim_head): a new "
+               "leading parameter", ("    def __init__(self, heads, dim_head, bias=True, eps=1e-5, operations=ops):\n"
+                                     "        super().__init__()\n        self.dim_head = dim_head\n",
+                                     "    def __init__(self, dim, heads, dim_head, bias=True, eps=1e-5, "
+                                     "operations=ops):\n        super().__init__()\n        self.dim_head = dim_head\n"),
+               ("self.attn = Attention(heads=heads", "self.attn = Attention(dim, heads=heads")),
+    vae_mutant("vae: forward gains transformer_options", SIGNATURE, "Attention.forward(..., transformer_options={})",
+               ("    def forward(self, x, rotary_pos_emb, pre_norm, residual, residual_scale):",
+                "    def forward(self, x, rotary_pos_emb, pre_norm, residual, residual_scale, transformer_options={}):")),
+    vae_mutant("vae: norm and rope unfused", REFACTOR, "the fused rms+rope kernel split into rms_norm then "
+               "apply_rope, the scale still handed as is",
+               ("            query, key = rms_rope(\n" + VAE_CALL,
+                "            query = comfy.rmsnorm.rms_norm(query, self.qk_norm_scale, self.norm_q.eps)\n"
+                "            key = comfy.rmsnorm.rms_norm(key, self.qk_norm_scale, self.norm_k.eps)\n"
+                "            query, key = comfy.quant_ops.ck.apply_rope_split_half(query, key, rotary_pos_emb) "
+                "if False else rms_rope(\n" + VAE_CALL)),
+    pos_mutant("as the core ships it", DEVICE, "0.38: the table built on pos_embed.weight's device", (POS_DEVICE,
+               POS_DEVICE)),
+    pos_mutant("method renamed", RENAME, "fast_pos_embed_interpolate renamed",
+               ("def fast_pos_embed_interpolate(self, grid_thw):", "def interpolate_pos_embed(self, grid_thw):"),
+               (POS_FORWARD, POS_FORWARD.replace("fast_pos_embed_interpolate", "interpolate_pos_embed"))),
+    pos_mutant("tower renamed", RENAME, "Qwen35VisionModel renamed", *TOWER_RENAMED),
+    pos_mutant("device parameter", SIGNATURE, "the method takes the compute device, forward passes x.device",
+               ("def fast_pos_embed_interpolate(self, grid_thw):", "def fast_pos_embed_interpolate(self, grid_thw, "
+                                                                   "device=None):"),
+               (POS_DEVICE, "        device = self.pos_embed.weight.device if device is None else device\n"),
+               (POS_FORWARD, POS_FORWARD.replace("(grid_thw)", "(grid_thw, device=x.device)")), keeps_bug=False),
+    pos_mutant("forward gains an argument", SIGNATURE, "forward(self, x, grid_thw, transformer_options={})",
+               ("    def forward(self, x, grid_thw):\n        x = self.patch_embed(x)\n",
+                "    def forward(self, x, grid_thw, transformer_options={}):\n        x = self.patch_embed(x)\n")),
+    pos_mutant("table on the compute device", DEVICE, "the upstream fix: built where the patches are",
+               (POS_DEVICE, "        device = comfy.model_management.get_torch_device()\n"),
+               ("import torch\n", "import torch\nimport comfy.model_management\n"), keeps_bug=False),
+    pos_mutant("result no longer moved", DEVICE, "forward adds the table as built (transformers' shape: a crash)",
+               (POS_FORWARD, POS_FORWARD.replace(".to(x.device)", ""))),
+    pos_mutant("embedding renamed", REFACTOR, "pos_embed renamed position_embedding",
+               ("self.pos_embed = ops.Embedding(", "self.position_embedding = ops.Embedding("),
+               (POS_DEVICE, POS_DEVICE.replace("pos_embed", "position_embedding")),
+               ("dtype=self.pos_embed.weight.dtype", "dtype=self.position_embedding.weight.dtype"),
+               ("pos_embeds = self.pos_embed(idx_tensor)", "pos_embeds = self.position_embedding(idx_tensor)")),
+    rot_mutant("as the core ships it", DEVICE, "0.38: the rotary table built on inv_freq's device",
+               (ROT_DEVICE, ROT_DEVICE)),
+    rot_mutant("method renamed", RENAME, "rot_pos_emb renamed",
+               ("def rot_pos_emb(self, grid_thw):", "def rotary_embedding(self, grid_thw):"),
+               (ROT_FORWARD, ROT_FORWARD.replace("rot_pos_emb", "rotary_embedding"))),
+    rot_mutant("rotary class renamed", RENAME, "Qwen35VisionRotaryEmbedding renamed",
+               ("class Qwen35VisionRotaryEmbedding(", "class VisionRotaryEmbedding("),
+               ("= Qwen35VisionRotaryEmbedding(", "= VisionRotaryEmbedding(")),
+    rot_mutant("tower renamed", RENAME, "Qwen35VisionModel renamed", *TOWER_RENAMED),
+    rot_mutant("device parameter", SIGNATURE, "the rotary forward takes the device",
+               ("    def forward(self, seqlen):\n", "    def forward(self, seqlen, device=None):\n"),
+               (ROT_DEVICE, ROT_DEVICE.replace("device=self.inv_freq.device", "device=device or self.inv_freq.device"))),
+    rot_mutant("persistent buffer", DEVICE, "inv_freq made a persistent buffer",
+               ('self.register_buffer("inv_freq", inv_freq, persistent=False)',
+                'self.register_buffer("inv_freq", inv_freq, persistent=True)')),
+    rot_mutant("result no longer moved", DEVICE, "forward uses the table as built",
+               (ROT_FORWARD, ROT_FORWARD.replace(".to(x.device)", ""))),
+    rot_mutant("table on the compute device", DEVICE, "the upstream fix: arange and inv_freq on the compute device",
+               (ROT_DEVICE, "        device = comfy.model_management.get_torch_device()\n"
+                            "        seq = torch.arange(seqlen, device=device, dtype=self.inv_freq.dtype)\n"),
+               ("        freqs = torch.outer(seq, self.inv_freq)\n",
+                "        freqs = torch.outer(seq, self.inv_freq.to(device))\n"),
+               ("import torch\n", "import torch\nimport comfy.model_management\n"), keeps_bug=False),
+    rot_mutant("frequencies computed per call", REFACTOR, "no buffer: the frequencies made in forward",
+               (ROT_DEVICE, "        inv_freq = self.inv_freq.new_tensor(self.inv_freq.tolist())\n"
+                            "        seq = torch.arange(seqlen, device=inv_freq.device, dtype=inv_freq.dtype)\n"),
+               ("        freqs = torch.outer(seq, self.inv_freq)\n", "        freqs = torch.outer(seq, inv_freq)\n")),
+)
+
+OPS = "comfy/ops.py"
+INT8_CORE = "0.33.0"
+LIA_DEF = "def linear_input_act(linear, x, input_act):\n"
+LIA_GUARD = "    if (comfy.model_management.in_training\n"
+
+
+def int8_mutant(name, why, kind, *edits, **options) -> Mutant:
+    return Mutant(f"int8: {name}", "int8_full_precision_mm", kind, INT8_CORE, "int8_vae", why,
+                  tuple(Edit(OPS, *edit) for edit in edits), **options)
+
+
+MUTANTS += (
+    int8_mutant("as the core ships it", "0.33.0: linear_input_act hands every int8 layer to _int_mm", DEVICE,
+                (LIA_DEF, LIA_DEF)),
+    int8_mutant("new keyword with a default", "linear_input_act(..., out_dtype=None): a parameter this fix does "
+                "not know", SIGNATURE, (LIA_DEF, "def linear_input_act(linear, x, input_act, out_dtype=None):\n")),
+    int8_mutant("new required parameter", "linear_input_act(linear, x, input_act, stream): a parameter without a "
+                "default", SIGNATURE, (LIA_DEF, "def linear_input_act(linear, x, input_act, stream):\n")),
+    int8_mutant("parameters reordered", "linear_input_act(x, linear, input_act)", SIGNATURE,
+                (LIA_DEF, "def linear_input_act(x, linear, input_act):\n")),
+    int8_mutant("renamed", "linear_input_act renamed fused_linear_act", RENAME,
+                (LIA_DEF, "def fused_linear_act(linear, x, input_act):\n"), target_class="fused_linear_act"),
+    int8_mutant("removed", "linear_input_act removed: callers compute linear(act(x)) themselves", RENAME,
+                (LIA_DEF, "def _removed_linear_input_act(linear, x, input_act):\n"), target_class="-"),
+    int8_mutant("honours _full_precision_mm", "#16285's shape: layers marked _full_precision_mm dequantize (the "
+                "VAE's are not marked)", DEVICE,
+                (LIA_GUARD, "    if (comfy.model_management.in_training or getattr(linear, '_full_precision_mm', "
+                            "False)\n")),
+    int8_mutant("dequantizes off int8 devices", "the upstream fix by device: no int8 kernel where the device lacks "
+                "int8 compute", DEVICE,
+                (LIA_GUARD, "    if (comfy.model_management.in_training or x.device.type not in ('cuda', 'cpu')\n")),
+    int8_mutant("activations table renamed", "INPUT_ACT_EAGER renamed EAGER_INPUT_ACTS", REFACTOR,
+                ("INPUT_ACT_EAGER", "EAGER_INPUT_ACTS", True)),
+    int8_mutant("cast_bias_weight renamed", "cast_bias_weight renamed cast_weight_and_bias", REFACTOR,
+                ("cast_bias_weight(", "cast_weight_and_bias(", True)),
+)
+
+
+def named(name: str) -> Mutant:
+    (mutant,) = [mutant for mutant in MUTANTS if mutant.name == name]
+    return mutant
+
+
+def outcome(record: dict, keeps_bug: bool = False) -> str:
+    """The mutant's column of the outcome table (module docstring)."""
+    if {"pack_traceback", "core_error", "invalid"} & set(record):
+        return WORSE
+    state, stock, pack = record["state"], record["stock"], record["pack"]
+    if state == "needed" and keeps_bug:
+        return REPAIRED if "error" not in pack and pack["diff"] <= DIFF_TOLERANCE else WORSE
+    same = (pack.get("error") == stock.get("error") and pack.get("equal_stock") is not False
+            and pack["h2d"] <= stock["h2d"])
+    if not same:
+        return WORSE
+    # "needed" on a mutant without the bug: the pack attached, and must change nothing
+    return FAILED_AS_STOCK if state == "failed" else MISSED if keeps_bug else FIXED_UPSTREAM
+
+
+def run_on_core(comfyui_env_python: str, tree: Path, mutants: list[Mutant]) -> list[dict]:
+    """Runs ``mutants`` (all of one core, built at ``tree``) in one process on the simulated accelerator."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "simulated_device"), str(tree)])}
+    done = subprocess.run([comfyui_env_python, str(HERE / "mutant_runs.py"), str(tree), *(m.name for m in mutants)],
+                          cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=False)
+    records = [json.loads(line.removeprefix("MUTANT ")) for line in done.stdout.splitlines()
+               if line.startswith("MUTANT ")]
+    if done.returncode != 0 or len(records) != len(mutants):
+        raise RuntimeError(f"mutant runs on {tree} ended with {done.returncode}:\n{done.stdout[-4000:]}\n"
+                           f"{done.stderr[-6000:]}")
+    return records
+

@@ -1,0 +1,134 @@
+"""Mutated cores (tests/mutated_cores.py): on every mutant the pack is never worse than stock, and the outcome table
+per fix and kind of change is printed (docs/testing.md, "Mutated cores", has the last one)."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+
+import mutated_cores
+import pytest
+import simulated_cores
+from mutated_cores import FAILED_AS_STOCK, FIXED_UPSTREAM, KINDS, MISSED, MUTANTS, OUTCOMES, REPAIRED, WORSE
+from mutated_cores import outcome as outcome_of
+
+MUTANTS_PER_FIX = 8
+# the fixes with mutants; the others, with why, are in docs/testing.md ("Mutated cores")
+MUTATED_FIXES = {"vae_qk_norm_scale", "qwen3vl_pos_embed", "qwen3vl_rotary_table", "int8_full_precision_mm"}
+
+
+def test_every_mutated_fix_has_its_mutants_of_several_kinds():
+    per_fix = Counter(mutant.fix for mutant in MUTANTS)
+    kinds = {fix: {mutant.kind for mutant in MUTANTS if mutant.fix == fix} for fix in per_fix}
+    assert set(per_fix) == MUTATED_FIXES
+    assert {fix: count for fix, count in per_fix.items() if count < MUTANTS_PER_FIX} == {}
+    assert {fix: len(found) for fix, found in kinds.items() if len(found) < 3} == {}
+    assert len({mutant.name for mutant in MUTANTS}) == len(MUTANTS)
+    assert {mutant.kind for mutant in MUTANTS} <= set(KINDS)
+
+
+@pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
+def test_a_mutant_whose_text_drifted_fails_loudly(tmp_path):
+    """A mutant whose text is not in the core (or more than once) raises instead of testing the core unchanged."""
+    tree = simulated_cores.build_core(mutated_cores.VAE_CORE, tmp_path / "ComfyUI")
+    mutant = mutated_cores.named("vae: Attention renamed")
+    assert "class VideoAttention(" in mutated_cores.mutated_sources(tree, mutant)[mutated_cores.VAE]
+    (tree / mutated_cores.VAE).write_text("class Attention(nn.Module):\n" * 2, encoding="utf-8")
+    with pytest.raises(ValueError, match="holds its text 2 times"):
+        mutated_cores.mutated_sources(tree, mutant)
+
+
+def outcome(found: dict, mutant=None) -> str:
+    return outcome_of(found, mutant.keeps_bug if mutant else False)
+
+
+def record(state, stock, pack):
+    return {"state": state, "stock": stock, "pack": pack}
+
+
+ERROR = {"error": "RuntimeError: Expected all tensors to be on the same device", "h2d": 10}
+DONE = {"diff": 0.0, "h2d": 10, "equal_stock": True}
+
+
+@pytest.mark.parametrize("state, stock, pack, expected", [
+    ("needed", ERROR, DONE, REPAIRED),
+    ("needed", ERROR, ERROR, WORSE),  # red: a needed fix that does not repair
+    ("needed", DONE, {"error": "TypeError: unexpected keyword 'device'", "h2d": 1}, WORSE),  # red: its own error
+    ("needed", ERROR, {"diff": 0.5, "h2d": 10}, WORSE),  # red: another output
+    ("failed", ERROR, ERROR, FAILED_AS_STOCK),
+    ("failed", ERROR, {"error": "AttributeError: x", "h2d": 10}, WORSE),  # red: fails otherwise than stock
+    ("fixed upstream", DONE, DONE, FIXED_UPSTREAM),
+    ("fixed upstream", DONE, {**DONE, "equal_stock": False}, WORSE),  # red: changes a core's output
+    ("fixed upstream", DONE, {**DONE, "h2d": 11}, WORSE),  # red: more host-to-device bytes than stock
+])
+def test_the_outcome_of_a_mutant(state, stock, pack, expected):
+    assert outcome_of(record(state, stock, pack), keeps_bug=state == "needed") == expected
+
+
+def test_a_bug_the_detection_did_not_recognise_is_missed():
+    assert outcome_of(record("not applicable", ERROR, ERROR), keeps_bug=True) == MISSED
+
+
+def test_a_fix_attached_where_upstream_fixed_the_bug_must_change_nothing():
+    assert outcome_of(record("needed", DONE, DONE), keeps_bug=False) == FIXED_UPSTREAM
+    assert outcome_of(record("needed", DONE, {**DONE, "h2d": 11}), keeps_bug=False) == WORSE  # red
+
+
+def test_a_traceback_of_the_pack_is_worse_than_stock():
+    assert outcome({"mutant": "m", "pack_traceback": "Traceback ..."}) == WORSE
+
+
+@pytest.fixture(scope="module")
+def records(comfyui, tmp_path_factory):
+    """Every mutant's record, run core by core (one process per core)."""
+    found = {}
+    for index, core in enumerate(dict.fromkeys(mutant.core for mutant in MUTANTS)):
+        tree = simulated_cores.build_core(core, tmp_path_factory.mktemp(f"mutated-{index}") / "ComfyUI")
+        mutants = [mutant for mutant in MUTANTS if mutant.core == core]
+        for mutant, found_record in zip(mutants, mutated_cores.run_on_core(sys.executable, tree, mutants),
+                                        strict=True):
+            found[mutant.name] = found_record
+    return found
+
+
+def outcome_table(records) -> str:
+    rows = ["| fix | kind of change | " + " | ".join(OUTCOMES) + " |", "|---" * (len(OUTCOMES) + 2) + "|"]
+    for fix in sorted(MUTATED_FIXES):
+        for kind in KINDS:
+            counts = Counter(outcome(records[m.name], m) for m in MUTANTS if m.fix == fix and m.kind == kind)
+            if counts:
+                rows.append(f"| {fix} | {kind} | " + " | ".join(str(counts[o]) for o in OUTCOMES) + " |")
+    return "\n".join(rows)
+
+
+def test_no_mutant_is_worse_than_stock(records):
+    print()
+    for mutant in MUTANTS:
+        found = records[mutant.name]
+        stock, pack = found.get("stock", {}), found.get("pack", {})
+        print(f"{mutant.name}: {found.get('state')} ({found.get('reason', '')[:90]}); stock "
+              f"{stock.get('error', 'completed')[:60]}; pack {pack.get('error', 'completed')[:60]} -> "
+              f"{outcome(found, mutant)}")
+    print(outcome_table(records))
+    keeping = [m for m in MUTANTS if m.keeps_bug]
+    repaired = sum(outcome(records[m.name], m) == REPAIRED for m in keeping)
+    print(f"bug-keeping mutants repaired: {repaired} of {len(keeping)}")
+    assert {name: found["invalid"] for name, found in records.items() if "invalid" in found} == {}
+    assert {m.name: records[m.name].get("pack_traceback", records[m.name].get("pack"))
+            for m in MUTANTS if outcome(records[m.name], m) == WORSE} == {}
+
+
+def test_a_failed_fix_names_what_drifted(records):
+    """A fix that reads *failed* on a mutant says so with a reason that names the code it no longer finds."""
+    failed = {m.name: records[m.name]["reason"] for m in MUTANTS if records[m.name]["state"] == "failed"}
+    assert failed and all("drift" in reason or "changed" in reason or "no longer" in reason
+                          for reason in failed.values()), failed
+
+
+def test_mutants_without_the_bug_run_clean_without_the_pack(records):
+    """A mutant said to carry an upstream fix really does: its stock run completes with the CPU's output."""
+    clean = [m for m in MUTANTS if not m.keeps_bug]
+    assert clean
+    assert {m.name: records[m.name]["stock"] for m in clean
+            if "error" in records[m.name]["stock"] or records[m.name]["stock"]["diff"] > 1e-4} == {}
+
