@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import weakref
 from typing import Callable
 
@@ -26,7 +27,8 @@ _wrappers: weakref.WeakSet = weakref.WeakSet()
 
 def rope_function_names(module) -> list[str]:
     """The public rope functions of a comfy-kitchen module, by name."""
-    public = getattr(module, "__all__", None) or [name for name in vars(module) if not name.startswith("_")]
+    # __all__ and every other public name: an entry point added without its __all__ line is still a kitchen function
+    public = {*getattr(module, "__all__", ()), *(name for name in vars(module) if not name.startswith("_"))}
     return sorted(name for name in public if name.startswith(ROPE_PREFIXES) and callable(getattr(module, name, None)))
 
 
@@ -35,20 +37,28 @@ def operand_positions(fn: Callable) -> tuple[str, tuple[tuple[int, str], ...]]:
     """``(anchor, ((index, name), ...))``: the activation that decides the device and where the movable operands sit.
 
     Raises ValueError when the signature is not the one this alignment was written for (first parameter an
-    activation, at least one known operand, every other tensor parameter an activation).
+    activation, at least one operand).
+
+    An operand is a known one (``OPERANDS``) or any other parameter annotated as a tensor that is not an activation:
+    a scale or table renamed or added by a newer kitchen is read-only like the known ones, and its kernels compute on
+    one device, so a stray one fails there as the known ones do. Activations are recognised by name only: moving one
+    would make an in-place variant write into a copy.
     """
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].name not in ACTIVATIONS:
         raise ValueError(f"first parameter is {params[0].name if params else 'missing'!r}, "
                          f"expected one of {sorted(ACTIVATIONS)}")
-    operands = tuple((index, p.name) for index, p in enumerate(params) if p.name in OPERANDS)
+    operands = tuple((index, p.name) for index, p in enumerate(params) if p.name not in ACTIVATIONS and (
+        p.name in OPERANDS or _annotated_tensor(p.annotation)))
     if not operands:
-        raise ValueError(f"none of {sorted(OPERANDS)} among its parameters")
-    unknown = [p.name for p in params if p.annotation in (torch.Tensor, "torch.Tensor")
-               and p.name not in ACTIVATIONS | OPERANDS]
-    if unknown:
-        raise ValueError(f"unknown tensor parameters {unknown}")
+        raise ValueError(f"none of {sorted(OPERANDS)} and no other tensor among its parameters")
     return params[0].name, operands
+
+
+def _annotated_tensor(annotation) -> bool:
+    """``torch.Tensor``, ``torch.Tensor | None`` or ``Optional[torch.Tensor]``, as an object or as a string."""
+    return annotation is torch.Tensor or re.search(r"\bTensor\b", annotation if isinstance(annotation, str)
+                                                   else repr(annotation)) is not None
 
 
 def device_aligned(fn: Callable, on_align: Callable[[str, str, torch.device, torch.device], None] | None = None):

@@ -1,10 +1,10 @@
-"""Mutated cores: the simulated cores (tests/simulated_cores.py) with one source transformation of the kind upstream
+"""Mutated cores: the simulated cores (hotfix_testing/simulated_cores.py) with one source transformation of the kind upstream
 commits make, per mutant, to the code a fix targets. They test the pack's promise on cores nobody here has run: each
 fix fixes, says *fixed upstream*, or says *failed* and stays off, and the pack is never worse than stock.
 
 A mutant edits files of its base core's tree (exact text replaced, found exactly once, so a mutant whose text has
 drifted fails loudly instead of testing nothing), adds files (a class moved to a new module) or removes them. Its
-scenario (tests/mutant_runs.py) runs a tiny model on the simulated accelerator three times: on the CPU, loaded partly
+scenario (hotfix_testing/mutant_runs.py) runs a tiny model on the simulated accelerator three times: on the CPU, loaded partly
 without the pack, and with the pack's fixes attached.
 
 Outcome of a mutant (``outcome``):
@@ -12,8 +12,9 @@ Outcome of a mutant (``outcome``):
 * "fixed upstream": stock completes equal to the CPU's and the pack computes exactly what stock does, with no more
   host-to-device bytes.
 * "failed, same as stock": the fix reads *failed* and the pack fails exactly as stock does.
-* "missed, same as stock": the mutant keeps the bug, but the fix reads *fixed upstream* or *not applicable* and the
-  pack does exactly what stock does (a detection that did not recognise the bug: safe, and nothing for the user).
+* "missed, same as stock": the mutant keeps the bug and the pack does exactly what stock does, where the fix reads
+  *fixed upstream* or *not applicable*, or reads *needed* but its hooks do not reach the changed code (a detection
+  that did not recognise the bug: safe, and nothing for the user).
 * "worse than stock": anything else (an error of the pack's own, another output, more traffic, a traceback).
 """
 
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
 REPAIRED, FIXED_UPSTREAM, FAILED_AS_STOCK, MISSED, WORSE = (
     "repaired", "fixed upstream", "failed, same as stock", "missed, same as stock", "worse than stock")
 OUTCOMES = (REPAIRED, FIXED_UPSTREAM, FAILED_AS_STOCK, MISSED, WORSE)
@@ -47,20 +49,45 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class FunctionEdit:
+    """In the source of ``module``'s function ``function`` (an installed library's, e.g. comfy-kitchen, which is not
+    part of the core's tree): ``old`` becomes ``new``; the result is executed in the module's namespace, so it takes
+    the function's place (or, renamed, sits beside it)."""
+
+    module: str
+    function: str
+    old: str
+    new: str
+    every: bool = False
+
+
+@dataclass(frozen=True)
 class Mutant:
     name: str
     fix: str
     kind: str
     core: str  # the simulated core it mutates
-    scenario: str  # tests/mutant_runs.py SCENARIOS
+    scenario: str  # hotfix_testing/mutant_runs.py SCENARIOS
     why: str  # the upstream change it stands for
     edits: tuple[Edit, ...] = ()
+    function_edits: tuple[FunctionEdit, ...] = ()
     copies: tuple[tuple[str, str], ...] = ()  # (new path, path): new modules copied from the core's, executed first
     removed: tuple[str, ...] = ()
     module: str = ""  # where the scenario finds its model class, when the mutant moved it
     target_class: str = ""  # the model class's name, when the mutant renamed it
     keeps_bug: bool = True  # the stock run still shows the bug (fails, or its traffic where the bug costs)
+    # the stock run fails on the simulated accelerator although it would not on CUDA: the accelerator checks a custom
+    # op's devices at its entry, CUDA only in the aten ops its implementation runs
+    stock_fails_on_the_simulated_device_only: bool = False
     reloads: tuple[str, ...] = ()  # modules executed again after the edited ones (they import from them)
+
+
+def replaced(text: str, old: str, new: str, every: bool, where: str) -> str:
+    count = text.count(old)
+    if count != 1 and not (every and count):
+        raise ValueError(f"{where} holds its text {count} times, not once (the core drifted under the mutant): "
+                         f"{old[:80]!r}")
+    return text.replace(old, new)  # once, or every occurrence
 
 
 def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str | None]:
@@ -68,11 +95,7 @@ def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str | None]:
     sources: dict[str, str | None] = {new: (tree / path).read_text(encoding="utf-8") for new, path in mutant.copies}
     for edit in mutant.edits:
         source = sources.get(edit.path) or (tree / edit.path).read_text(encoding="utf-8")
-        count = source.count(edit.old)
-        if count != 1 and not (edit.every and count):
-            raise ValueError(f"mutant {mutant.name!r}: {edit.path} holds its text {count} times, not once (the core "
-                             f"drifted under the mutant): {edit.old[:80]!r}")
-        sources[edit.path] = source.replace(edit.old, edit.new)  # once, or every occurrence
+        sources[edit.path] = replaced(source, edit.old, edit.new, edit.every, f"mutant {mutant.name!r}: {edit.path}")
     for path in mutant.removed:
         sources[path] = None
     for path in mutant.reloads:
@@ -250,6 +273,59 @@ MUTANTS += (
                 ("cast_bias_weight(", "cast_weight_and_bias(", True)),
 )
 
+KITCHEN = "comfy_kitchen"
+EAGER_ROPE = "comfy_kitchen.backends.eager.rope"
+SPLIT_HALF_ = "rms_rope_split_half_"  # what the 0.36/0.37 VAE calls in inference mode
+SPLIT_HALF_SIGNATURE = ("    q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tensor,\n"
+                        "    q_scale: torch.Tensor, k_scale: torch.Tensor | None = None,\n"
+                        "    epsilon: float = 1e-6, rot_dim: int = 0,\n")
+
+
+def kitchen_mutant(name, kind, why, *function_edits, vae_edits=(), **options) -> Mutant:
+    return Mutant(f"kitchen: {name}", "ck_rope_device", kind, VAE_CORE, "vae_decode_process_fixes", why,
+                  tuple(Edit(VAE, *edit) for edit in vae_edits), function_edits=tuple(
+                      FunctionEdit(*edit) for edit in function_edits), **options)
+
+
+MUTANTS += (
+    kitchen_mutant("as it ships", DEVICE, "comfy-kitchen 0.2.36: the eager rope does no device alignment",
+                   (KITCHEN, SPLIT_HALF_, SPLIT_HALF_SIGNATURE, SPLIT_HALF_SIGNATURE)),
+    kitchen_mutant("new tensor argument", SIGNATURE, "rms_rope_split_half_(..., k_bias: Tensor | None = None)",
+                   (KITCHEN, SPLIT_HALF_, SPLIT_HALF_SIGNATURE, SPLIT_HALF_SIGNATURE
+                    + "    k_bias: torch.Tensor | None = None,\n")),
+    kitchen_mutant("new flag", SIGNATURE, "rms_rope_split_half_(..., interleaved: bool = False)",
+                   (KITCHEN, SPLIT_HALF_, SPLIT_HALF_SIGNATURE, SPLIT_HALF_SIGNATURE
+                    + "    interleaved: bool = False,\n")),
+    kitchen_mutant("scale parameters renamed", SIGNATURE, "q_scale/k_scale renamed q_weight/k_weight",
+                   (KITCHEN, SPLIT_HALF_, "    q_scale: torch.Tensor, k_scale: torch.Tensor | None = None,\n",
+                    "    q_weight: torch.Tensor, k_weight: torch.Tensor | None = None,\n"),
+                   (KITCHEN, SPLIT_HALF_, "q, k, freqs_cis, q_scale, k_scale, epsilon", "q, k, freqs_cis, q_weight, "
+                                                                                       "k_weight, epsilon")),
+    kitchen_mutant("activations renamed", SIGNATURE, "q/k renamed query/key",
+                   (KITCHEN, SPLIT_HALF_, "    q: torch.Tensor, k: torch.Tensor, freqs_cis", "    query: torch.Tensor, "
+                                                                                            "key: torch.Tensor, freqs_cis"),
+                   (KITCHEN, SPLIT_HALF_, "        q, k, freqs_cis, q_scale", "        query, key, freqs_cis, q_scale"),
+                   (KITCHEN, SPLIT_HALF_, "    return q, k", "    return query, key")),
+    kitchen_mutant("new public name", RENAME, "a new entry point rms_rope_split_half_inplace, which the VAE calls",
+                   (KITCHEN, SPLIT_HALF_, "def rms_rope_split_half_(", "def rms_rope_split_half_inplace("),
+                   vae_edits=(("else comfy.quant_ops.ck.rms_rope_split_half_)",
+                               "else comfy.quant_ops.ck.rms_rope_split_half_inplace)"),)),
+    kitchen_mutant("eager moves the scale", DEVICE, "the upstream fix asked for in #16484: eager aligns the scale",
+                   (EAGER_ROPE, "_rms_rope1", "        weight=scale,\n", "        weight=scale.to(x.device),\n"),
+                   keeps_bug=False, stock_fails_on_the_simulated_device_only=True),
+    kitchen_mutant("eager casts the scale", DEVICE, "the same fix in another shape: scale cast to x (device and "
+                   "dtype)", (EAGER_ROPE, "_rms_rope1", "        weight=scale,\n", "        weight=scale.to(x),\n"),
+                   keeps_bug=False, stock_fails_on_the_simulated_device_only=True),
+    kitchen_mutant("eager builds a unit scale", REFACTOR, "the eager norm ignores a scale of ones and makes none",
+                   (EAGER_ROPE, "_rms_rope1", "        weight=scale,\n",
+                    "        weight=None if bool((scale == 1).all()) else scale,\n"), keeps_bug=False,
+                   stock_fails_on_the_simulated_device_only=True),
+    kitchen_mutant("public function moves the scale", DEVICE, "the fix at kitchen's entry point: the scales moved to "
+                   "q's device before the op", (KITCHEN, SPLIT_HALF_, "    torch.ops.comfy_kitchen.rms_rope_split_half_(",
+                                                "    q_scale = q_scale.to(q.device)\n"
+                                                "    torch.ops.comfy_kitchen.rms_rope_split_half_("), keeps_bug=False),
+)
+
 
 def named(name: str) -> Mutant:
     (mutant,) = [mutant for mutant in MUTANTS if mutant.name == name]
@@ -262,7 +338,9 @@ def outcome(record: dict, keeps_bug: bool = False) -> str:
         return WORSE
     state, stock, pack = record["state"], record["stock"], record["pack"]
     if state == "needed" and keeps_bug:
-        return REPAIRED if "error" not in pack and pack["diff"] <= DIFF_TOLERANCE else WORSE
+        if "error" not in pack and pack["diff"] <= DIFF_TOLERANCE:
+            return REPAIRED
+        return MISSED if "error" in stock and pack.get("error") == stock["error"] else WORSE
     same = (pack.get("error") == stock.get("error") and pack.get("equal_stock") is not False
             and pack["h2d"] <= stock["h2d"])
     if not same:
@@ -273,7 +351,9 @@ def outcome(record: dict, keeps_bug: bool = False) -> str:
 
 def run_on_core(comfyui_env_python: str, tree: Path, mutants: list[Mutant]) -> list[dict]:
     """Runs ``mutants`` (all of one core, built at ``tree``) in one process on the simulated accelerator."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "simulated_device"), str(tree)])}
+    # the child imports the simulated device's torch_npu, the core, the pack (tools/minimax_hotfix) and this folder
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "simulated_device"), str(tree),
+                                                        str(TESTS.parent / "tools"), str(TESTS)])}
     done = subprocess.run([comfyui_env_python, str(HERE / "mutant_runs.py"), str(tree), *(m.name for m in mutants)],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=False)
     records = [json.loads(line.removeprefix("MUTANT ")) for line in done.stdout.splitlines()

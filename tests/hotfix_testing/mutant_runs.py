@@ -1,4 +1,4 @@
-"""Runs the mutants of tests/mutated_cores.py in one Python process on the simulated accelerator: started by
+"""Runs the mutants of hotfix_testing/mutated_cores.py in one Python process on the simulated accelerator: started by
 ``mutated_cores.run_on_core`` with the simulated device's folder and one simulated core's tree on ``PYTHONPATH``
 (installing the device patches torch for the whole process, so this never runs beside other tests).
 
@@ -17,6 +17,7 @@ import inspect
 import json
 import sys
 import tempfile
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -29,18 +30,16 @@ import comfy.model_patcher  # noqa: E402
 import simulated_accelerator  # noqa: E402
 import torch  # noqa: E402
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tools"), str(Path(__file__).resolve().parent)]  # child
-from doctor import load_pack  # noqa: E402
-
-load_pack()
-import mutated_cores  # noqa: E402
-from registry_state import forget_detection  # noqa: E402
+from hotfix_testing import mutated_cores  # noqa: E402
+from hotfix_testing.registry_state import forget_detection  # noqa: E402
 
 from minimax_hotfix import registry  # noqa: E402
 
 NPU = torch.device("npu", 0)
 CPU = torch.device("cpu")
 WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
+MISSING = object()
+PROCESS = "process"  # a scenario's target for the process-wide fixes, installed as ComfyUI's start-up installs them
 
 
 def module_name(path: str) -> str:
@@ -51,7 +50,7 @@ def module_name(path: str) -> str:
 def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
     """The mutant's files executed in place of the core's modules (a removed module raises ImportError)."""
     folder = WORK / str(len(list(WORK.iterdir())))
-    saved = {}
+    saved, functions_saved = {}, []
     try:
         for path, source in mutated_cores.mutated_sources(tree, mutant).items():
             name = module_name(path)
@@ -71,8 +70,24 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
             sys.modules[name] = module
             spec.loader.exec_module(module)
             setattr(parent, leaf, module)
+        for number, edit in enumerate(mutant.function_edits):
+            module = importlib.import_module(edit.module)
+            source = textwrap.dedent(inspect.getsource(getattr(module, edit.function)))
+            file = folder / f"{edit.module}.{edit.function}.{number}.py"
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(mutated_cores.replaced(source, edit.old, edit.new, edit.every, f"mutant {mutant.name!r}: "
+                                                   f"{edit.module}.{edit.function}"), encoding="utf-8")
+            before = dict(vars(module))
+            exec(compile(file.read_text(encoding="utf-8"), str(file), "exec"), vars(module))  # noqa: S102
+            for name in [name for name in vars(module) if before.get(name, MISSING) is not vars(module)[name]]:
+                functions_saved.append((module, name, before.get(name, MISSING)))
         yield
     finally:
+        for module, name, original in reversed(functions_saved):
+            if original is MISSING:  # the mutant added it
+                delattr(module, name)
+            else:
+                setattr(module, name, original)
         for name, (module, attribute) in reversed(saved.items()):
             parent_name, _, leaf = name.rpartition(".")
             if module is None:
@@ -95,7 +110,10 @@ def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: floa
     of its weights resident, with the pack's fixes for ``target`` attached or not."""
     model = build()
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=NPU, offload_device=CPU)
-    attached = registry.attach_fixes(patcher, target) if with_pack else []
+    if target == PROCESS:
+        attached = registry.install_process_fixes() if with_pack else []
+    else:
+        attached = registry.attach_fixes(patcher, target) if with_pack else []
     size = comfy.model_management.module_size(model)
     simulated_accelerator.reset_counters()
     try:
@@ -106,7 +124,9 @@ def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: floa
         result = {"error": first_line(exc)}
     finally:
         patcher.unpatch_model(CPU)
-        if with_pack:
+        if with_pack and target == PROCESS:
+            registry.uninstall_process_fixes()
+        elif with_pack:
             registry.detach_fixes(patcher, target)
     h2d = simulated_accelerator.host_to_device()
     result["h2d"] = sum(nbytes for _, nbytes in h2d.values())
@@ -179,6 +199,12 @@ def vae_decode(mutant):
     return build, lambda model, device: model(latent.to(device)), "vae", 0.5
 
 
+def vae_decode_process_fixes(mutant):
+    """seed 000's decode with the process-wide fixes instead of the VAE's own (comfy-kitchen's rope aligned)."""
+    build, run, _, fraction = vae_decode(mutant)
+    return build, run, PROCESS, fraction
+
+
 def vision_tower(mutant):
     """A tiny Qwen3-VL vision tower with all but a sliver of it offloaded: the seed 001 scenario."""
     import comfy.ops
@@ -231,7 +257,7 @@ def int8_vae(mutant):
     return build, run, "vae", 0.5, reference
 
 
-SCENARIOS = {"int8_vae": int8_vae, "vae_decode": vae_decode, "vision_tower": vision_tower}
+SCENARIOS = {"int8_vae": int8_vae, "vae_decode_process_fixes": vae_decode_process_fixes, "vae_decode": vae_decode, "vision_tower": vision_tower}
 
 
 def main(argv):
