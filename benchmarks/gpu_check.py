@@ -5,7 +5,7 @@ one command and one report, for the day an NVIDIA GPU is at hand (never in CI; a
 
 Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build of torch installed).
 
-1. scenarios: every scenario of tests/seed_scenarios.py, the list the simulated-device tests run, at each of its
+1. scenarios: every scenario of tests/hotfix_testing/seed_scenarios.py, the list the simulated-device tests run, at each of its
    budgets, once in a server without the pack (stock loaders) and once with it (the pack's), with the scenario's
    loader: dynamic VRAM (ComfyUI's default on NVIDIA) or the legacy one (``--disable-dynamic-vram``), on that
    ComfyUI as it is: ``--reserve-vram`` is set so that ComfyUI's own free-memory reading (``torch.cuda.mem_get_info`` in the
@@ -18,7 +18,7 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
    the video VAE on ``cuda:1`` with ComfyUI's Select VAE Device;
 2. seed 001 (``vision_tower_part``): the H3 reference-to-video conditioning with the tiny text encoder on the GPU
    (fp32: ``--fp32-text-enc``, since ``--force-fp32`` keeps text encoders on the CPU), at the budgets of
-   tests/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between prompts;
+   tests/hotfix_testing/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between prompts;
 3. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
 4. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -47,13 +46,12 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools")]
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]  # run by path: the pack (tools/minimax_hotfix) and the tests' helpers (hotfix_testing), as pytest's pythonpath
 CANNOT_RUN = 2
 MB = 2**20
 INFERENCE_MB = 0.8 * 1024  # minimum_inference_memory() less the reserve: ComfyUI's fixed part
 TOLERANCE = 1e-3  # fp32 on CUDA, TF32 off, against the CPU: reduction order only
 PARTIAL_BUDGETS = ("partial", "smallest")
-MUSIC3_CHECK = ROOT / "benchmarks" / "music3_graph_capture.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,9 +70,6 @@ def cannot_run(args) -> str | None:
                 "tests/test_seed_scenarios_on_device.py")
     if not (args.comfyui / "main.py").is_file():
         return f"gpu_check: no ComfyUI at {args.comfyui} (main.py not found)"
-    from doctor import load_pack
-
-    load_pack()
     from minimax_hotfix.diagnostics.comfyui_checkout import (
         ComfyUIUnavailable,
         use_comfyui_checkout,
@@ -90,7 +85,7 @@ def cannot_run(args) -> str | None:
 def plan(device_count: int) -> list[dict]:
     """Every run of the scenario part: scenario x budget x loaders, with the server it needs (device index,
     resident MB), or why it is skipped."""
-    import seed_scenarios
+    from hotfix_testing import seed_scenarios
 
     runs = []
     for scenario in seed_scenarios.SCENARIOS:
@@ -115,7 +110,7 @@ def reserve_vram_gb(free_mb: float, resident_mb: float) -> float:
 @contextlib.contextmanager
 def server(comfyui: Path, models: Path, work: Path, device, pack: bool, cache: bool = False):
     """A ComfyUI serving ``models``; ``--cache-none`` unless ``cache`` (then it keeps its models between prompts)."""
-    from comfyui_server import comfyui_with_pack
+    from hotfix_testing.comfyui_server import comfyui_with_pack
 
     base = Path(tempfile.mkdtemp(dir=work, prefix="server"))
     (base / "models").symlink_to(models, target_is_directory=True)
@@ -126,7 +121,7 @@ def server(comfyui: Path, models: Path, work: Path, device, pack: bool, cache: b
 
 def free_mb_on(comfyui: Path, models: Path, work: Path, index: int) -> float:
     """ComfyUI's own free-memory reading on ``cuda:index`` in an idle server (its CUDA context already counted)."""
-    from comfyui_server import CudaDevice, http
+    from hotfix_testing.comfyui_server import CudaDevice, http
 
     with server(comfyui, models, work, CudaDevice(index=index), pack=True) as (url, _, _):
         devices = json.loads(http(url + "/system_stats")[1])["devices"]
@@ -135,10 +130,8 @@ def free_mb_on(comfyui: Path, models: Path, work: Path, index: int) -> float:
 
 
 def scenario_part(args, work: Path) -> tuple[list[dict], int]:
-    import scenario_table
-    import seed_scenarios
-    import synthetic_models
-    from comfyui_server import CudaDevice
+    from hotfix_testing import scenario_table, seed_scenarios, synthetic_models
+    from hotfix_testing.comfyui_server import CudaDevice
 
     models = work / "models"
     synthetic_models.write_models(models)  # with that ComfyUI's own classes (cannot_run made it importable)
@@ -203,15 +196,14 @@ def scenario_part(args, work: Path) -> tuple[list[dict], int]:
 
 
 def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
-    """Seed 001 (tests/seed_scenarios.py, ``VISION_TOWER_*``): the H3 reference-to-video conditioning with the tiny
+    """Seed 001 (tests/hotfix_testing/seed_scenarios.py, ``VISION_TOWER_*``): the H3 reference-to-video conditioning with the tiny
     text encoder on the GPU in fp32, at each budget, in a server without the pack and one with it that keep their
     models between prompts, both canvases and prompt texts, against a ``--cpu`` server. A pack run passes when every
     prompt completes and equals the CPU's, the budget split the encoder as intended, and each qwen3vl fix the
     start-up log calls needed hooked. CUDA has no host-to-device counter here: the bytes per prompt are the simulated
     device's (tests/test_h3_vision_tower_on_device.py)."""
-    import seed_scenarios
-    import synthetic_models
-    from comfyui_server import CudaDevice
+    from hotfix_testing import seed_scenarios, synthetic_models
+    from hotfix_testing.comfyui_server import CudaDevice
 
     models = work / "vision_tower_models"
     synthetic_models.write_vision_tower_models(models)
@@ -260,9 +252,7 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
 
 
 def music3_part(work: Path) -> tuple[dict, int]:
-    spec = importlib.util.spec_from_file_location("music3_graph_capture", MUSIC3_CHECK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from minimax_hotfix.benchmarks import music3_graph_capture as module
     figures = work / "music3_graph_capture.json"
     status = module.main(["--json", str(figures)])
     return {"exit_code": status, **(json.loads(figures.read_text()) if figures.exists() else {})}, int(status != 0)

@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from doctor import load_pack  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # run by path: tools/minimax_hotfix is the pack (docs/testing.md, "How the tests import the pack")
 
 TARGET = 1.1
 # MiniMax H3 video VAE decoder block (ViT3DDecoder: 32 heads x 64): name, in_features, out_features
@@ -62,7 +61,6 @@ def main() -> int:
     options = parser.parse_args()
     dtype = getattr(torch, options.dtype)
 
-    load_pack()
     from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout
     from minimax_hotfix.diagnostics.report import comfyui_version
     from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (

@@ -31,10 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from doctor import load_pack  # noqa: E402
-
-load_pack()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # run by path: tools/minimax_hotfix is the pack (docs/testing.md, "How the tests import the pack")
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on  # noqa: E402
 from minimax_hotfix.diagnostics.tiny_decoder import (  # noqa: E402
     CudaGraphs,

@@ -1,5 +1,5 @@
 """Server-side fixing's cost per prompt: the pack's on-prompt handler beside ComfyUI's own ``validate_prompt`` on the
-same prompt, both timed in one ComfyUI process (median of tests/prompt_validation.py's repeats; validation awaited in
+same prompt, both timed in one ComfyUI process (median of tests/hotfix_testing/prompt_validation.py's repeats; validation awaited in
 a running event loop, as the server does). Held to the target (handler / validate_prompt under 0.1): the largest
 bundled workflow with stock loaders, and a 500-node API prompt generated from it (31 renumbered copies: 124 loaders
 swapped). Reported beside them, not held to it: 500-node chains of the cheapest nodes to validate (empty latent,
@@ -19,12 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the frontend's UI-to-API conversion and the GGUF stand-in are the tests' (benchmarks do not ship: .comfyignore)
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tools")]
-from doctor import load_pack  # noqa: E402
-
-load_pack()
-from comfyui_server import install_custom_nodes  # noqa: E402
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]  # run by path: the pack (tools/minimax_hotfix) and the tests' helpers (hotfix_testing), as pytest's pythonpath
 from test_server_side_fixing import api_prompts, models_for  # noqa: E402
+
+from hotfix_testing.comfyui_server import install_custom_nodes  # noqa: E402
 
 TARGET = 0.1
 
@@ -80,7 +78,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         models = models_for(prompts, Path(folder) / "models")
         install_custom_nodes(Path(comfyui), Path(folder) / "custom_nodes", pack=False)
-        done = subprocess.run([sys.executable, str(ROOT / "tests" / "prompt_validation.py"), comfyui, str(models),
+        done = subprocess.run([sys.executable, str(ROOT / "tests" / "hotfix_testing" / "prompt_validation.py"), comfyui, str(models),
                                str(Path(folder) / "custom_nodes")], input=json.dumps(prompts), capture_output=True,
                               text=True, check=False)
     if done.returncode:

@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MEASURE = """
 import asyncio, json, os, sys, time
 comfy, pack = os.environ["COMFYUI_PATH"], os.path.realpath(sys.argv[1])
-sys.path.insert(0, comfy); os.chdir(comfy)
 from comfy.cli_args import args
 args.cpu = True
 import nodes, comfy.model_patcher, server  # noqa: F401  (main.py has them before custom nodes load)
@@ -56,8 +55,9 @@ def measure(pack: Path, warm: bool) -> dict:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # cwd: ComfyUI's folder, which python -c puts first on the path, as "python main.py" run there
     done = subprocess.run([sys.executable, "-c", MEASURE, str(pack)], capture_output=True, text=True, timeout=600,
-                          env=env)
+                          env=env, cwd=os.environ["COMFYUI_PATH"])
     line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"startup_imports: error: measuring {pack} failed:\n{done.stderr[-3000:]}")

@@ -17,6 +17,7 @@ Prints the medians in milliseconds and the eager/guard ratio, measured side by s
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PRELUDE = (
     "import sys, time, torch, transformers\n"
-    f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
     "import minimax_hotfix.registry, minimax_hotfix.contract\n"
 )
 CASES = {
@@ -53,7 +53,9 @@ CASES = {
 
 def run_once(case: str) -> float:
     code = PRELUDE + CASES[case] + "print(elapsed)\n"
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/")
+    # the child imports the pack as the tests do: tools/minimax_hotfix (docs/testing.md, "How the tests import the pack")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/",
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "tools")})
     return float(out.stdout.strip().splitlines()[-1])
 
 

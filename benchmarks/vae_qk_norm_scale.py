@@ -20,10 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from doctor import load_pack  # noqa: E402
-
-load_pack()
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / folder) for folder in ("tools", "tests")]  # run by path: the pack (tools/minimax_hotfix) and the tests' helpers (hotfix_testing), as pytest's pythonpath
 from minimax_hotfix.contract import State  # noqa: E402
 from minimax_hotfix.diagnostics.comfyui_checkout import use_comfyui_checkout  # noqa: E402
 from minimax_hotfix.diagnostics.devices import HostToDeviceCopies  # noqa: E402
@@ -45,8 +42,7 @@ def comfy_vae():
         sys.exit("this ComfyUI's VAE Attention has no qk_norm_scale (before 0.36): nothing to measure")
     if "residual" not in inspect.signature(comfy.ops.linear_input_act).parameters:
         # a 0.33.0 core with a newer vae.py laid over it: a simulated core, built from a checkout's tests/
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from newer_linear_input_act import use_newer_linear_input_act
+        from hotfix_testing.newer_linear_input_act import use_newer_linear_input_act
 
         use_newer_linear_input_act()
     return vae, comfy.ldm.modules.attention

@@ -1,24 +1,19 @@
-"""Loads the pack as the package ``minimax_hotfix`` (without its ComfyUI entry point) and offers the
-``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
+"""Offers the ``comfyui`` fixture for tests that need a real ComfyUI checkout (COMFYUI_PATH; skipped without it), the
 ``registry`` fixture (the only place tests touch the registry's private state), ``fresh_detection`` and the
 simulated-device servers (``device_models``, ``device_servers``).
 
-The tiers (markers, ``--core``, ``--transformers``) are the plugin tests/tiers.py."""
+The tiers (markers, ``--core``, ``--transformers``) are the plugin tests/hotfix_testing/tiers.py."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from hotfix_testing.registry_state import forget_detection
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tools"), str(HERE)]  # tools/doctor.py's load_pack; shared test helpers
-from doctor import load_pack  # noqa: E402
-from registry_state import forget_detection  # noqa: E402
 
-load_pack()
-
-pytest_plugins = ["tiers", "int8_without_int_mm"]
+pytest_plugins = ["hotfix_testing.tiers", "hotfix_testing.int8_without_int_mm"]
 
 
 @pytest.fixture(scope="session")
@@ -83,10 +78,9 @@ def registry(monkeypatch):
 
 @pytest.fixture
 def fresh_detection(monkeypatch, fix_switch):
-    """Every fix detected afresh, with the off switch unset (but in a red control, tests/tiers.py, whose fix it
+    """Every fix detected afresh, with the off switch unset (but in a red control, tests/hotfix_testing/tiers.py, whose fix it
     switches off); forgotten again after the test."""
-    from tiers import FIX_OFF
-
+    from hotfix_testing.tiers import FIX_OFF
     from minimax_hotfix import registry as pack_registry
 
     if fix_switch != FIX_OFF:
@@ -98,10 +92,10 @@ def fresh_detection(monkeypatch, fix_switch):
 
 @pytest.fixture(scope="session")
 def device_models(tmp_path_factory, comfyui):
-    """A models folder with every synthetic model (tests/synthetic_models.py), shared by the servers below; they
+    """A models folder with every synthetic model (tests/hotfix_testing/synthetic_models.py), shared by the servers below; they
     carry the official templates' file names, and each LoRA a template names is there as a LoRA without weights."""
-    import synthetic_models
-    from workflow_prompts import official_template_inputs
+    from hotfix_testing import synthetic_models
+    from hotfix_testing.workflow_prompts import official_template_inputs
 
     folder = tmp_path_factory.mktemp("device_models")
     written = synthetic_models.write_models(folder)
@@ -116,7 +110,7 @@ def device_models(tmp_path_factory, comfyui):
 def device_int8_models(tmp_path_factory, comfyui):
     """(int8, dense): models folders with the H3 models, the DiT and video VAE int8 ConvRot in the first and
     dequantized in the second (``synthetic_models.write_int8_models``), for the servers below (``models=``)."""
-    import synthetic_models
+    from hotfix_testing import synthetic_models
 
     folders = tmp_path_factory.mktemp("device_int8_models") / "int8", tmp_path_factory.mktemp("dense_models") / "dense"
     synthetic_models.write_int8_models(*folders)
@@ -126,19 +120,18 @@ def device_int8_models(tmp_path_factory, comfyui):
 @pytest.fixture(scope="session")
 def device_servers(device_models, tmp_path_factory):
     """``server(core, pack, device, models=None, cache=False, options=())``: (url, object_info, base) of a running ComfyUI on a
-    simulated core (tests/simulated_cores.py) serving the models folder ``models`` (default ``device_models``) and the
+    simulated core (tests/hotfix_testing/simulated_cores.py) serving the models folder ``models`` (default ``device_models``) and the
     official templates' input images (small stand-ins in the core's input folder), the probe node installed, started
     once per key and shared by every end-to-end device test of the session (tests/test_seed_scenarios_on_device.py,
     tests/test_official_templates_on_device.py, tests/test_h3_vision_tower_on_device.py). ``--cache-none`` (every
     prompt loads its models afresh) unless ``cache``: then ComfyUI keeps loaded models between prompts, as for a user
-    (``--cache-classic``, tests/comfyui_server.py: whatever the machine's free RAM)."""
+    (``--cache-classic``, tests/hotfix_testing/comfyui_server.py: whatever the machine's free RAM)."""
     import contextlib
     import time
 
-    import simulated_cores
-    import synthetic_models
-    from comfyui_server import SimulatedDevice, comfyui_with_pack
-    from workflow_prompts import official_template_inputs
+    from hotfix_testing import simulated_cores, synthetic_models
+    from hotfix_testing.comfyui_server import SimulatedDevice, comfyui_with_pack
+    from hotfix_testing.workflow_prompts import official_template_inputs
 
     cores, running = {}, {}
     with contextlib.ExitStack() as stack:
@@ -168,7 +161,7 @@ def device_servers(device_models, tmp_path_factory):
 @pytest.fixture(scope="session")
 def h3_reference(device_servers):
     """The all-CPU (``--cpu``) run of the seed 000 graph, the reference of every H3 device run."""
-    from seed_scenarios import REFERENCE_CORE, run, workflows
+    from hotfix_testing.seed_scenarios import REFERENCE_CORE, run, workflows
 
     reference = run(device_servers(REFERENCE_CORE, True, None), workflows()[0], "cpu_reference")
     assert reference["error"] is None, reference["error"]
@@ -178,7 +171,7 @@ def h3_reference(device_servers):
 @pytest.fixture(scope="session")
 def h3_int8_reference(device_servers, device_int8_models):
     """The all-CPU (``--cpu``) run of the seed 004 graph with the dense (dequantized) copies of the int8 models."""
-    from seed_scenarios import run, workflows
+    from hotfix_testing.seed_scenarios import run, workflows
 
     reference = run(device_servers("0.33.0", True, None, device_int8_models[1]), workflows()[0], "int8_cpu_reference")
     assert reference["error"] is None, reference["error"]
@@ -188,7 +181,7 @@ def h3_int8_reference(device_servers, device_int8_models):
 @pytest.fixture(scope="session")
 def music3_reference(device_servers):
     """The all-CPU (``--cpu``) run of the Music 3 graph, the reference of every Music 3 device run (either loader)."""
-    from seed_scenarios import named, run, workflows
+    from hotfix_testing.seed_scenarios import named, run, workflows
 
     scenario = named("seed 002 Music 3")
     reference = run(device_servers(scenario.cores[0], True, None), workflows(scenario.workflow)[0], "music3_cpu",
@@ -207,7 +200,7 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_configure(config):
-    import nested_pytest
+    from hotfix_testing import nested_pytest
 
     nested_pytest.follow(config)
 
@@ -224,9 +217,8 @@ def pytest_terminal_summary(terminalreporter):
     the end-to-end device tests), the simulated cores
     it built (with their overlays and stand-ins), and the paths through each fix's code whose random state was
     checked (tests/test_random_state.py)."""
-    import scenario_table
-    import simulated_cores
-    from random_state import COVERED_PATHS
+    from hotfix_testing import scenario_table, simulated_cores
+    from hotfix_testing.random_state import COVERED_PATHS
 
     seed = terminalreporter.config.getoption("randomly_seed", None)
     terminalreporter.write_line(f"test order shuffled with --randomly-seed={seed} (docs/testing.md: reproducing it)"

@@ -5,6 +5,7 @@ that raises at import leaves ComfyUI starting with every node of the pack, and t
 in the copy."""
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,6 @@ NODE_IDS = ["MiniMaxHotfixApplyCLIP", "MiniMaxHotfixApplyModel", "MiniMaxHotfixA
 
 LOAD = """
 import asyncio, logging, os, sys
-sys.path.insert(0, os.environ["COMFYUI_PATH"]); os.chdir(os.environ["COMFYUI_PATH"])
 from comfy.cli_args import args
 args.cpu = True
 import nodes, torch
@@ -62,7 +62,9 @@ def load_in_comfyui(pack: Path, after: str = "") -> subprocess.CompletedProcess:
     """``LOAD``, then ``after``, printing the pack modules ``after`` imported as ``LATER [...]``."""
     code = LOAD + (f"loaded = set(sys.modules)\n{after}\nprint('LATER', pack_files(set(sys.modules) - loaded))\n"
                    if after else "")
-    return subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True, text=True, timeout=600)
+    # cwd: ComfyUI's folder, which python -c puts first on the path, as "python main.py" run there
+    return subprocess.run([sys.executable, "-c", code, str(pack)], capture_output=True, text=True, timeout=600,
+                          cwd=os.environ["COMFYUI_PATH"])
 
 
 def printed(done: subprocess.CompletedProcess, label: str) -> list:

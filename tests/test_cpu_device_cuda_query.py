@@ -8,7 +8,7 @@ refused by torch's own check (``torch.cuda._utils._get_device_index``, which rai
 where ComfyUI puts the text encoder on that card (``test_a_gtx_16xx_gets_its_text_encoder_on_the_cpu``).
 
 The Music 3 runs go through the real node (``MiniMaxMusic3TextEncode``) with a tiny Music 3 text encoder loaded by
-ComfyUI's own loader from a synthetic state dict (tests/synthetic_models.py); the reference is the same encode on this
+ComfyUI's own loader from a synthetic state dict (tests/hotfix_testing/synthetic_models.py); the reference is the same encode on this
 all-CPU machine without the fix. The fix is installed through the registry, as ComfyUI's start-up installs it, so the
 off switch is honoured.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hotfix_testing import child_pythonpath
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
@@ -79,7 +80,7 @@ def nvidia_machine(comfy):
 @pytest.fixture(scope="module")
 def music3_clip(comfy):
     """ComfyUI's CLIP of a tiny Music 3 text encoder, loaded where ComfyUI puts it (the CPU here)."""
-    import synthetic_models
+    from hotfix_testing import synthetic_models
 
     state = synthetic_models.music3_text_encoder(torch.Generator().manual_seed(0))
     with synthetic_models.tiny_configs():
@@ -314,9 +315,7 @@ KITCHEN_OVERLAY = "comfy-kitchen-0.2.36"  # tools/test.sh builds it beside .venv
 # at the device before asking CUDA
 ON_THIS_KITCHEN = """
 import importlib.metadata, json, os, sys
-sys.path.insert(0, os.environ["COMFYUI_PATH"]); os.chdir(os.environ["COMFYUI_PATH"])
 from comfy.cli_args import args; args.cpu = True
-sys.path.insert(0, sys.argv[1]); from doctor import load_pack; load_pack()
 from minimax_hotfix import registry
 from minimax_hotfix.patches.cpu_device_cuda_query import FIX
 print(json.dumps({"kitchen": importlib.metadata.version("comfy-kitchen"), "state": registry.status(FIX).state.value,
@@ -326,9 +325,10 @@ print(json.dumps({"kitchen": importlib.metadata.version("comfy-kitchen"), "state
 
 
 def on_kitchen(overlay) -> dict:
-    environment = {**os.environ, "PYTHONPATH": str(overlay) if overlay else ""}
-    done = subprocess.run([sys.executable, "-c", ON_THIS_KITCHEN, str(Path(__file__).resolve().parents[1] / "tools")],
-                          capture_output=True, text=True, env=environment, check=False, timeout=300)
+    environment = {**os.environ, "PYTHONPATH": child_pythonpath(str(overlay) if overlay else None)}
+    # cwd: ComfyUI's folder, which python -c puts first on the path, as "python main.py" run there
+    done = subprocess.run([sys.executable, "-c", ON_THIS_KITCHEN], capture_output=True, text=True, env=environment,
+                          check=False, timeout=300, cwd=os.environ["COMFYUI_PATH"])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 

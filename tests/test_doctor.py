@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
-from nested_pytest import pytest_command
 
+from hotfix_testing.nested_pytest import pytest_command
 from minimax_hotfix.contract import Check, Fix, State, Status
 from minimax_hotfix.diagnostics.report import run_doctor
 

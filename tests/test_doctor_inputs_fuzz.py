@@ -1,4 +1,4 @@
-"""The doctor's inputs and the off switch, fuzzed (Hypothesis, profile of tests/workflow_fuzzing.py): damaged
+"""The doctor's inputs and the off switch, fuzzed (Hypothesis, profile of tests/hotfix_testing/workflow_fuzzing.py): damaged
 safetensors and GGUF headers for ``--audit FILE`` end in the audit's one-line ``ModelFileError`` (never another
 exception), any ``--fix`` id selects its fix or ends with ``doctor: error:`` and exit code 2, any
 MINIMAX_HOTFIX_DISABLE value switches off exactly the fixes it names (or all), never raising and logging unknown
@@ -17,13 +17,13 @@ from unittest import mock
 
 import doctor
 import pytest
-import synthetic_models
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save
-from workflow_fuzzing import examples, without_comfyui_only
 
+from hotfix_testing import synthetic_models
+from hotfix_testing.workflow_fuzzing import examples, without_comfyui_only
 from minimax_hotfix import registry
 from minimax_hotfix.diagnostics import placement_audit_files
 

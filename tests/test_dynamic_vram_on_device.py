@@ -23,9 +23,10 @@ Findings the assertions hold:
 from __future__ import annotations
 
 import pytest
-import simulated_cores
-from comfyui_server import SimulatedDevice, simulated_accelerator_module
-from seed_scenarios import budgets, hook_counts, music3_stock_and_pack, named, record, run, workflows
+
+from hotfix_testing import simulated_cores
+from hotfix_testing.comfyui_server import SimulatedDevice, simulated_accelerator_module
+from hotfix_testing.seed_scenarios import budgets, hook_counts, music3_stock_and_pack, named, record, run, workflows
 
 MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 

@@ -18,14 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
-from cdp import Page, chromium_binary
-from comfyui_server import FRONTENDS, PACK_ROOT, comfyui_with_pack, front_end_options, http
-from user_workflows import music3_checkpoint, music3_gguf
-from workflow_api import MODEL_FILE_INPUTS, TEMPLATES, official_template
 
+from hotfix_testing.cdp import Page, chromium_binary
+from hotfix_testing.comfyui_server import FRONTENDS, PACK_ROOT, comfyui_with_pack, front_end_options, http
+from hotfix_testing.user_workflows import music3_checkpoint, music3_gguf
+from hotfix_testing.workflow_api import MODEL_FILE_INPUTS, TEMPLATES, official_template
 from minimax_hotfix import swap_loaders
 
-pytestmark = [pytest.mark.browser, pytest.mark.e2e]  # Chromium and a real ComfyUI server (tests/tiers.py)
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]  # Chromium and a real ComfyUI server (tests/hotfix_testing/tiers.py)
 
 APP = "window.comfyAPI.app.app"
 FIX = f"{APP}.extensionManager.command.execute('MiniMaxHotfix.FixWorkflow')"

@@ -1,5 +1,5 @@
 """The opt-in GPU check (benchmarks/gpu_check.py) stays runnable without a GPU: it refuses in one line, and it runs
-the very scenario list of the simulated-device tests (tests/seed_scenarios.py), budget by budget, stock and pack."""
+the very scenario list of the simulated-device tests (tests/hotfix_testing/seed_scenarios.py), budget by budget, stock and pack."""
 
 import ast
 import subprocess
@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import seed_scenarios
 import torch
-from benchmark_scripts import load_benchmark
+
+from hotfix_testing import seed_scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -19,7 +19,9 @@ SIMULATED_DEVICE_TESTS = (ROOT / "tests" / "test_seed_scenarios_on_device.py",
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return load_benchmark("gpu_check")
+    from minimax_hotfix.benchmarks import gpu_check  # benchmarks/, reached through the pack's folder
+
+    return gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check itself runs there")
@@ -69,8 +71,7 @@ def simulated_cuda(gpu_check, comfyui, monkeypatch):
     device), with ComfyUI's free memory read as FREE_MB."""
     import dataclasses
 
-    import comfyui_server
-    import simulated_cores
+    from hotfix_testing import comfyui_server, simulated_cores
 
     if not simulated_cores.available():
         pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its trees)")
@@ -119,7 +120,7 @@ def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(g
     runs are reported, seed 004 is skipped (CUDA has ``_int_mm``)."""
     import argparse
 
-    import simulated_cores
+    from hotfix_testing import simulated_cores
 
     core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
     rows, failed = gpu_check.scenario_part(argparse.Namespace(comfyui=core), tmp_path)

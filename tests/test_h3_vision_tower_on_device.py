@@ -1,8 +1,8 @@
 """Seed 001 end to end: the H3 reference-to-video workflow's text encoder, for real at a tiny configuration
-(tests/synthetic_models.py, ``write_vision_tower_models``: its vocabulary, 50 layers and tokenizer kept), with its
+(tests/hotfix_testing/synthetic_models.py, ``write_vision_tower_models``: its vocabulary, 50 layers and tokenizer kept), with its
 reference image (ComfyUI's 768x768 ``example.png``) through the Qwen3-VL vision tower, on the simulated accelerator
 (tests/simulated_device) on ComfyUI 0.33.0 (its ``Qwen35VisionModel``; the newer ``qwen35.py`` of the 0.38 and 0.39
-cores is tested on those cores, tests/simulated_cores.py), under the legacy loader and under dynamic VRAM, at three
+cores is tested on those cores, tests/hotfix_testing/simulated_cores.py), under the legacy loader and under dynamic VRAM, at three
 budgets: "full" (the encoder resident), "partial" (ComfyUI splits it: part of
 the layers resident, ``pos_embed`` and the rotary module's buffer left in CPU RAM) and "smallest" (nothing resident,
 every weight streamed).
@@ -21,17 +21,16 @@ bytes than stock and no budget's four prompts more bytes in all, and, while Comf
 table crosses again after the first prompt of an image size. The same under dynamic VRAM (the stand-in comfy-aimdo,
 tests/test_dynamic_vram_on_device.py), where the budget is what the vbar may keep resident and pos_embed's weight
 stays in CPU RAM whatever the budget. The budgets, canvases, prompts and graph are
-tests/seed_scenarios.py's (``VISION_TOWER_*``), which the GPU check runs too.
+tests/hotfix_testing/seed_scenarios.py's (``VISION_TOWER_*``), which the GPU check runs too.
 """
 
 from __future__ import annotations
 
 import pytest
-import scenario_table
-import simulated_cores
-import synthetic_models
-from comfyui_server import SimulatedDevice, http, unload_models
-from seed_scenarios import (
+
+from hotfix_testing import scenario_table, simulated_cores, synthetic_models
+from hotfix_testing.comfyui_server import SimulatedDevice, http, unload_models
+from hotfix_testing.seed_scenarios import (
     H3_REFERENCE_TO_VIDEO,
     RESERVE_MB,
     VISION_TOWER,
@@ -48,7 +47,7 @@ from seed_scenarios import (
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 
 # ComfyUI 0.33.0's Qwen35VisionModel, under each loader. The newer qwen35.py (0.38/0.39 era) builds its tables the
-# same way; its tests run on its cores (tests/simulated_cores.py). Its end-to-end run here gave way to the dynamic VRAM
+# same way; its tests run on its cores (tests/hotfix_testing/simulated_cores.py). Its end-to-end run here gave way to the dynamic VRAM
 # one to keep CI within its time, and a simulated core cannot run dynamic VRAM: its overlaid ops.py reads comfy-aimdo
 # pin state (``_pin_state["fast_disk"]``) that 0.33.0's model_patcher.py never sets.
 CORE = "0.33.0"

@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from comfy_kitchen.tensor import QuantizedTensor, TensorWiseINT8Layout
-from comfy_memory import unload_all_models
-from patchers import StandInPatcher
 from torch import nn
 
+from hotfix_testing.comfy_memory import unload_all_models
+from hotfix_testing.patchers import StandInPatcher
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (

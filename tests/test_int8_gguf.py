@@ -32,10 +32,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import synthetic_models
 import torch
-from comfy_memory import unload_all_models
 
+from hotfix_testing import synthetic_models
+from hotfix_testing.comfy_memory import unload_all_models
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR
 from minimax_hotfix.kernels.int8_full_precision_mm import MARK
 from minimax_hotfix.patches.int8_full_precision_mm import FIX

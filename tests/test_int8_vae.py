@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 
 import pytest
-import synthetic_models
 import torch
 
+from hotfix_testing import synthetic_models
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import MPS_INT_MM_ERROR, forget_int8_probes
 from minimax_hotfix.kernels.int8_full_precision_mm import MARK

@@ -20,11 +20,11 @@ import json
 import time
 
 import pytest
-import simulated_cores
-from cdp import Page, chromium_binary
-from comfyui_server import FRONTENDS, PACK_ROOT, front_end_options, http
-from seed_scenarios import RESERVE_MB, without_ck_rope
 
+from hotfix_testing import simulated_cores
+from hotfix_testing.cdp import Page, chromium_binary
+from hotfix_testing.comfyui_server import FRONTENDS, PACK_ROOT, front_end_options, http
+from hotfix_testing.seed_scenarios import RESERVE_MB, without_ck_rope
 from minimax_hotfix import swap_loaders
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e,

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from user_workflows import music3_gguf
-from workflow_api import load, ui_to_api
 
+from hotfix_testing.user_workflows import music3_gguf
+from hotfix_testing.workflow_api import load, ui_to_api
 from minimax_hotfix import swap_loaders
 from minimax_hotfix.contract import Fix, State, Status, Target
 from minimax_hotfix.registry import fix_module_names

@@ -4,7 +4,6 @@ and static-buffer logic run here on CPU (graphs emulated), and without CUDA it e
 
 import pytest
 import torch
-from benchmark_scripts import load_benchmark
 
 from minimax_hotfix.diagnostics.emulated_capture import capture_allowed_on
 from minimax_hotfix.diagnostics.tiny_decoder import EmulatedGraphs, GGUFStyleQ4Linear
@@ -14,7 +13,9 @@ SMALL = ["--steps", "8", "--layers", "3", "--hidden", "64", "--heads", "4", "--i
 
 @pytest.fixture(scope="module")
 def script():
-    return load_benchmark("music3_graph_capture")
+    from minimax_hotfix.benchmarks import music3_graph_capture  # benchmarks/, reached through the pack's folder
+
+    return music3_graph_capture
 
 
 def test_defaults_fit_the_documented_budget(script):

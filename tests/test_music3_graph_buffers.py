@@ -5,8 +5,8 @@ the tensors bound at capture, as a CUDA graph reads captured addresses) is noise
 
 import pytest
 import torch
-from music3_support import check_not_applicable_without_comfyui, check_self_test_red_then_green
 
+from hotfix_testing.music3_support import check_not_applicable_without_comfyui, check_self_test_red_then_green
 from minimax_hotfix.diagnostics.tiny_decoder import (
     EmulatedGraphs,
     TinyCache,

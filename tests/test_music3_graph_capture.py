@@ -4,7 +4,8 @@ and read with the ``gguf`` package) and residency, and a decoder run under emula
 
 import pytest
 import torch
-from music3_support import (
+
+from hotfix_testing.music3_support import (
     GGMLLayoutParams,
     GGMLTensor,
     check_not_applicable_without_comfyui,
@@ -12,7 +13,6 @@ from music3_support import (
     ggml_layout_tensor,
     write_and_read_gguf,
 )
-
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, emulated_capture
 from minimax_hotfix.diagnostics.tiny_decoder import (
     EmulatedGraphs,

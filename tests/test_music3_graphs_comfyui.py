@@ -20,9 +20,9 @@ import types
 
 import pytest
 import torch
-from comfy_memory import unload_all_models
-from music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
 
+from hotfix_testing.comfy_memory import unload_all_models
+from hotfix_testing.music3_support import TINY_MUSIC3_CONFIG, ggml_layout_tensor, write_and_read_gguf
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, emulated_capture

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from counting_fix import CountingFix, tiny_model
-from patchers import ComfyBackend
 
+from hotfix_testing.counting_fix import CountingFix, tiny_model
+from hotfix_testing.patchers import ComfyBackend
 from minimax_hotfix import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +173,6 @@ def test_inside_comfyui_the_pack_is_importable_as_minimax_hotfix(comfyui):
 
     code = (
         "import asyncio, sys\n"
-        f"sys.path.insert(0, {comfyui!r})\n"
         "from comfy.cli_args import args; args.cpu = True\n"
         "import nodes\n"
         f"assert asyncio.run(nodes.load_custom_node({str(ROOT)!r}, ignore=set(nodes.NODE_CLASS_MAPPINGS)))\n"
@@ -182,7 +181,7 @@ def test_inside_comfyui_the_pack_is_importable_as_minimax_hotfix(comfyui):
         "assert minimax_hotfix is sys.modules[cls.__module__.rsplit('.', 1)[0]]\n"
         "assert callable(minimax_hotfix.attach_to_transformers_model)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=comfyui)  # cwd: ComfyUI's folder, which python -c puts first on the path, as "python main.py" run there
 
 
 class _NotAPatcher:
@@ -208,7 +207,8 @@ def not_models():
                                                 ("MiniMaxHotfixApplyVAE", "vae")])
 def test_apply_nodes_pass_on_what_is_no_comfyui_model_unchanged_with_one_log_line(comfy_nodes, node_id, input_name):
     from hypothesis import given, settings
-    from workflow_fuzzing import examples
+
+    from hotfix_testing.workflow_fuzzing import examples
 
     node = comfy_nodes.NODE_CLASS_MAPPINGS[node_id]()
     logger = logging.getLogger("minimax_hotfix")

@@ -1,21 +1,31 @@
 """ComfyUI's official MiniMax templates (the comfyui_workflow_templates_json package: OFFICIAL_TEMPLATES in
-tests/workflow_api.py) end to end on the simulated accelerator, as the seed scenarios run
+tests/hotfix_testing/workflow_api.py) end to end on the simulated accelerator, as the seed scenarios run
 (tests/test_seed_scenarios_on_device.py): the template as shipped (stock loaders, inside its subgraph) in a server
 without the pack, the swap tool's output (tools/swap_loaders.py) in a server with it, both at the partial budget,
 and an all-CPU run of the swapped template as the reference. The servers are seed 000's (session fixtures), the
 synthetic models carry the templates' file names, each input image is a small stand-in under the template's name.
 
 Each prompt is what the frontend queues for the template (subgraphs lowered), lowered like the bundled workflows'
-(tests/workflow_prompts.py): a 64x64 canvas of 5 frames, 2 steps, a 0.2 s song; probes save the tensors.
+(tests/hotfix_testing/workflow_prompts.py): a 64x64 canvas of 5 frames, 2 steps, a 0.2 s song; probes save the tensors.
 """
 
 from __future__ import annotations
 
 import pytest
-import simulated_cores
-from comfyui_server import SimulatedDevice
-from seed_scenarios import MIXED, REFERENCE_CORE, budgets, hook_counts, named, record, run, template_workflows
-from workflow_api import OFFICIAL_TEMPLATES
+
+from hotfix_testing import simulated_cores
+from hotfix_testing.comfyui_server import SimulatedDevice
+from hotfix_testing.seed_scenarios import (
+    MIXED,
+    REFERENCE_CORE,
+    budgets,
+    hook_counts,
+    named,
+    record,
+    run,
+    template_workflows,
+)
+from hotfix_testing.workflow_api import OFFICIAL_TEMPLATES
 
 pytestmark = pytest.mark.skipif(not simulated_cores.available(), reason="needs ../shared/comfyui (simulated cores)")
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 import torch
-from newer_linear_input_act import use_newer_linear_input_act
-from simulated_cores import running_on_simulated_core
 
+from hotfix_testing.newer_linear_input_act import use_newer_linear_input_act
+from hotfix_testing.simulated_cores import running_on_simulated_core
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import placement_audit, placement_runs
 from minimax_hotfix.diagnostics.placement_models import AuditedModel

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import synthetic_models
 import torch
 from safetensors.torch import save_file
 
+from hotfix_testing import synthetic_models
 from minimax_hotfix.diagnostics import placement_audit, placement_audit_files, placement_runs
 
 DOCTOR = Path(__file__).resolve().parents[1] / "tools" / "doctor.py"

@@ -12,8 +12,8 @@ import logging
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from workflow_fuzzing import api_seeds, examples, without_comfyui_only, workflows
 
+from hotfix_testing.workflow_fuzzing import api_seeds, examples, without_comfyui_only, workflows
 from minimax_hotfix import swap_loaders
 from minimax_hotfix.registry import prompt_fixing
 from minimax_hotfix.registry.prompt_fixing import FIX_EVERY_PROMPT_ENV, PromptFixing, failure_hint, switched_on

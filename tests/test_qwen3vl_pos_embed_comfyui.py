@@ -8,8 +8,8 @@ device is meta: ComfyUI's ops cast weights to the input's device, so a tower wit
 
 import pytest
 import torch
-from concurrency import failures_running_concurrently
 
+from hotfix_testing.concurrency import failures_running_concurrently
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import remove_handles
 from minimax_hotfix.diagnostics import self_test

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
-from concurrency import failures_running_concurrently  # noqa: E402
-
+from hotfix_testing.concurrency import failures_running_concurrently  # noqa: E402
 from minimax_hotfix import api  # noqa: E402
 from minimax_hotfix import registry as pack_registry  # noqa: E402
 from minimax_hotfix.diagnostics import self_test  # noqa: E402

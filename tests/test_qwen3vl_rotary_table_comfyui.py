@@ -8,8 +8,8 @@ copies it to the compute device. Meta stands in for the compute device (ComfyUI'
 
 import pytest
 import torch
-from concurrency import failures_running_concurrently
 
+from hotfix_testing.concurrency import failures_running_concurrently
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.self_tests import qwen3vl_rotary_table as rotary_kit

@@ -2,7 +2,7 @@
 
 Every path that runs fix code (pack load, detection, attach and the loaded model's forward, first-use probes, the
 Status node's table, process-wide install) leaves the global random state as it found it: torch's CPU generator,
-CUDA's where present, Python's ``random`` and NumPy's (``tests/random_state.py``); and the draws a seeded run makes
+CUDA's where present, Python's ``random`` and NumPy's (``tests/hotfix_testing/random_state.py``); and the draws a seeded run makes
 afterwards equal those of the same seed without the pack. Without ComfyUI the paths run on the stand-in patcher
 and the pack's own tiny models; with the ``comfyui`` fixture, on ComfyUI's ModelPatcher, its model classes and the
 pack's real nodes. The run's summary lists which paths each fix went through (``tests/conftest.py``); detection is
@@ -23,12 +23,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from counting_fix import CountingFix
-from patchers import ComfyBackend, StandInBackend
-from random_state import COVERED_PATHS, changed_generators, random_state, seed_everything, seeded_draws
-from registry_state import forget_detection
 from torch import nn
 
+from hotfix_testing import child_pythonpath
+from hotfix_testing.counting_fix import CountingFix
+from hotfix_testing.patchers import ComfyBackend, StandInBackend
+from hotfix_testing.random_state import COVERED_PATHS, changed_generators, random_state, seed_everything, seeded_draws
+from hotfix_testing.registry_state import forget_detection
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State
 from minimax_hotfix.patches import ck_rope_device, int8_full_precision_mm, transformers_static_cache
@@ -72,11 +73,9 @@ def tiny_model():
 
 PACK_LOAD = """
 import asyncio, json, os, sys
-sys.path.insert(0, {tests!r})
-from random_state import changed_generators, random_state, seed_everything
+from hotfix_testing.random_state import changed_generators, random_state, seed_everything
 comfyui = os.environ.get("COMFYUI_PATH")
 if comfyui:
-    sys.path.insert(0, comfyui)
     import torch
     from comfy.cli_args import args
     args.cpu = not torch.cuda.is_available()
@@ -87,9 +86,6 @@ if comfyui:  # the real entry point, as ComfyUI loads a custom node folder: node
     assert asyncio.run(nodes.load_custom_node({root!r}, ignore=set(nodes.NODE_CLASS_MAPPINGS)))
     registry = sys.modules["minimax_hotfix"].registry
 else:  # the entry point exports nothing outside ComfyUI; the registry's start-up steps, as it would run them
-    sys.path.insert(0, {tools!r})
-    from doctor import load_pack
-    load_pack()
     from minimax_hotfix import registry
     registry.install_process_fixes()
 {extra}
@@ -99,10 +95,12 @@ print(json.dumps({{"changed": changed_generators(before, random_state()), "fixes
 
 
 def load_pack_in_a_fresh_interpreter(extra: str = "") -> dict:
-    code = PACK_LOAD.format(tests=str(ROOT / "tests"), tools=str(ROOT / "tools"), root=str(ROOT), extra=extra)
+    code = PACK_LOAD.format(root=str(ROOT), extra=extra)
     env = {k: v for k, v in os.environ.items() if k != pack_registry.DISABLE_ENV}
-    result = subprocess.run([sys.executable, "-c", code], cwd="/", env=env, capture_output=True, text=True,
-                            timeout=600)
+    env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
+    # cwd: ComfyUI's folder, which python -c puts first on the path, as "python main.py" run there (or / without it)
+    result = subprocess.run([sys.executable, "-c", code], cwd=os.environ.get("COMFYUI_PATH") or "/", env=env,
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -275,8 +273,8 @@ def comfy_models():
     """Per fix: a model of the running ComfyUI holding what the fix looks for (cheap ones), else a tiny model."""
     import comfy.ops
     import comfy.text_encoders.minimax_music as music
-    from music3_support import TINY_MUSIC3_CONFIG
 
+    from hotfix_testing.music3_support import TINY_MUSIC3_CONFIG
     from minimax_hotfix.diagnostics.self_tests.qwen3vl_pos_embed import tiny_pixels
     from minimax_hotfix.diagnostics.tiny_qwen3vl import TINY_QWEN3VL_GRID, tiny_qwen3vl_tower
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear

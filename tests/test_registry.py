@@ -6,9 +6,9 @@ import logging
 
 import pytest
 import torch
-from counting_fix import CountingFix, tiny_model
-from patchers import ComfyBackend, StandInBackend
 
+from hotfix_testing.counting_fix import CountingFix, tiny_model
+from hotfix_testing.patchers import ComfyBackend, StandInBackend
 from minimax_hotfix import patches
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State, Status

@@ -1,6 +1,6 @@
 """The seed scenarios end to end on the simulated accelerator (tests/simulated_device): a real ComfyUI server
 started without ``--cpu`` adopts the device, the bundled workflow is queued through /prompt and awaited on
-/history with the synthetic models (tests/synthetic_models.py), and ComfyUI's own memory manager decides what it
+/history with the synthetic models (tests/hotfix_testing/synthetic_models.py), and ComfyUI's own memory manager decides what it
 loads at each budget; outputs (the probe's decoded tensors) are compared with an all-CPU (``--cpu``) run of the same
 graph.
 
@@ -8,7 +8,7 @@ Budgets: ComfyUI keeps ``minimum_inference_memory()`` free (0.8 GiB plus the 400
 it loads weights, so the device's total is RESERVE_MB plus what may be resident: "full" (every model fits),
 "partial" (part of the video VAE resident; seed 004: part of the int8 DiT and of the int8 video VAE), "smallest"
 (nothing resident: every weight streamed per forward, the least that still runs), each scenario's resident MB in
-tests/seed_scenarios.py, the one list that the GPU check (benchmarks/gpu_check.py) runs too. One server per core
+tests/hotfix_testing/seed_scenarios.py, the one list that the GPU check (benchmarks/gpu_check.py) runs too. One server per core
 and loaders serves all three budgets: the total is changed through the device's ``/simulated_device`` route and the
 models unloaded through ``/free`` between prompts.
 
@@ -23,9 +23,20 @@ amplified. The audio VAE is compared on a fixed latent instead (``TestProbeFixed
 from __future__ import annotations
 
 import pytest
-import simulated_cores
-from comfyui_server import SimulatedDevice, simulated_accelerator_module
-from seed_scenarios import MIXED, budgets, fix_state, hook_counts, music3_stock_and_pack, named, record, run, workflows
+
+from hotfix_testing import simulated_cores
+from hotfix_testing.comfyui_server import SimulatedDevice, simulated_accelerator_module
+from hotfix_testing.seed_scenarios import (
+    MIXED,
+    budgets,
+    fix_state,
+    hook_counts,
+    music3_stock_and_pack,
+    named,
+    record,
+    run,
+    workflows,
+)
 
 MPS_INT_MM_ERROR = simulated_accelerator_module().MPS_INT_MM_ERROR
 

@@ -1,7 +1,7 @@
 """Server-side fixing as users meet it (registry/prompt_fixing.py, nodes/prompt_fixing.py), through ComfyUI itself:
 
 * ComfyUI's own ``validate_prompt`` on every bundled workflow and every official MiniMax template in API form (the
-  frontend's conversion, tests/workflow_api.py), before and after the handler: no prompt that validated before fails
+  frontend's conversion, tests/hotfix_testing/workflow_api.py), before and after the handler: no prompt that validated before fails
   after (red control: a handler whose swap names a node type ComfyUI does not have is caught);
 * an API client on the simulated device (0.33.0 and the simulated "0.36/0.37 VAE" core): the stock H3 prompt with the
   int8 ConvRot models on a device without ``torch._int_mm``, and with a partly loaded video VAE, fails with the
@@ -21,16 +21,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import simulated_cores
 import torch
-from comfyui_server import (
+
+from hotfix_testing import simulated_cores
+from hotfix_testing.comfyui_server import (
     SimulatedDevice,
     comfyui_with_pack,
     http,
     install_custom_nodes,
     simulated_accelerator_module,
 )
-from seed_scenarios import (
+from hotfix_testing.seed_scenarios import (
     H3_COMPARED,
     H3_RESIDENT_MB,
     MIXED,
@@ -42,9 +43,8 @@ from seed_scenarios import (
     without_ck_rope,
     workflows,
 )
-from workflow_api import MODEL_FOLDERS, load, ui_to_api
-from workflow_fuzzing import BUNDLED, minimax_templates
-
+from hotfix_testing.workflow_api import MODEL_FOLDERS, load, ui_to_api
+from hotfix_testing.workflow_fuzzing import BUNDLED, minimax_templates
 from minimax_hotfix.registry.prompt_fixing import FIX_EVERY_PROMPT_ENV, FIX_EVERY_RUN_SETTING
 
 HERE = Path(__file__).resolve().parent
@@ -93,11 +93,11 @@ def models_for(prompts: dict, folder: Path) -> Path:
 
 
 def validated(comfyui: str, prompts: dict, models: Path, *arguments: str) -> dict:
-    """tests/prompt_validation.py's outcome for ``prompts``, with the GGUF stand-in loaded beside the pack."""
+    """tests/hotfix_testing/prompt_validation.py's outcome for ``prompts``, with the GGUF stand-in loaded beside the pack."""
     custom_nodes = models.parent / "custom_nodes"
     if not custom_nodes.exists():
         install_custom_nodes(Path(comfyui), custom_nodes, pack=False)
-    done = subprocess.run([sys.executable, str(HERE / "prompt_validation.py"), comfyui, str(models),
+    done = subprocess.run([sys.executable, str(HERE / "hotfix_testing" / "prompt_validation.py"), comfyui, str(models),
                            str(custom_nodes), *arguments],
                           input=json.dumps(prompts), capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]

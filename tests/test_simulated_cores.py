@@ -1,6 +1,6 @@
-"""The status every fix reports on each simulated core (tests/simulated_cores.py), per model kind for int8.
+"""The status every fix reports on each simulated core (tests/hotfix_testing/simulated_cores.py), per model kind for int8.
 
-Each core runs in its own Python process, started by ``python tests/simulated_cores.py`` (tools/test.sh, run 3),
+Each core runs in its own Python process, started by ``python tests/hotfix_testing/simulated_cores.py`` (tools/test.sh, run 3),
 which selects the tests marked for that core (``cores``, ``fails_switched_off``: tests/conftest.py); this test is
 marked for every core in the matrix.
 """
@@ -8,7 +8,8 @@ marked for every core in the matrix.
 from __future__ import annotations
 
 import pytest
-import simulated_cores
+
+from hotfix_testing import simulated_cores
 
 NEEDED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "needed", "fixed upstream", "not applicable", "not affected"
 # what every fix must report on 0.33.0, and where a newer core differs from it
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.skipif(not simulated_cores.available(),
 def test_every_fix_reports_its_status_on_the_core(comfyui, fresh_detection):
     name = simulated_cores.running_on_simulated_core()
     if name is None:
-        pytest.skip("runs in each simulated core's own run (python tests/simulated_cores.py)")
+        pytest.skip("runs in each simulated core's own run (python tests/hotfix_testing/simulated_cores.py)")
     import comfy.ops
 
     from minimax_hotfix import registry as pack_registry

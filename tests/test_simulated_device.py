@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from nested_pytest import pytest_command
+from hotfix_testing.nested_pytest import pytest_command
 
 SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
 CHECKS = SIMULATED_DEVICE / "accelerator_checks.py"

@@ -2,9 +2,9 @@
 and through *Load VAE (MiniMax Hotfix)*: a fix this core needs reads "needed" either way, and is attached to the
 pack's VAE only.
 
-The server runs the simulated 0.36/0.37 core (tests/simulated_cores.py), whose H3 video VAE has the
+The server runs the simulated 0.36/0.37 core (tests/hotfix_testing/simulated_cores.py), whose H3 video VAE has the
 ``qk_norm_scale`` bug, so ``vae_qk_norm_scale`` is needed there; the VAE is the synthetic tiny one
-(tests/synthetic_models.py). About 90 s on 2 cores: the core's copy, one server start, two tiny decodes.
+(tests/hotfix_testing/synthetic_models.py). About 90 s on 2 cores: the core's copy, one server start, two tiny decodes.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import simulated_cores
-import synthetic_models
-from comfyui_server import comfyui_with_pack, run_prompt
 
-pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/tiers.py)
+from hotfix_testing import simulated_cores, synthetic_models
+from hotfix_testing.comfyui_server import comfyui_with_pack, run_prompt
+
+pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/hotfix_testing/tiers.py)
 
 CORE = "0.36/0.37 VAE"
 LATENT = {"width": 64, "height": 64, "length": 5, "batch_size": 1}

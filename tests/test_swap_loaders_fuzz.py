@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
-from workflow_fuzzing import (
+
+import swap_loaders as command_line  # tools/swap_loaders.py (tests/conftest.py puts tools/ on the path)
+from hotfix_testing.workflow_fuzzing import (
     PACK_ROOT,
     examples,
     file_bytes,
@@ -35,8 +37,6 @@ from workflow_fuzzing import (
     without_comfyui_only,
     workflows,
 )
-
-import swap_loaders as command_line  # tools/swap_loaders.py (tests/conftest.py puts tools/ on the path)
 from minimax_hotfix import swap_loaders
 
 pytestmark = pytest.mark.stdlib  # the swap tool is standard library only: run 1 alone runs these

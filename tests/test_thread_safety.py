@@ -16,10 +16,10 @@ import time
 
 import pytest
 import torch
-from concurrency import start_together
-from counting_fix import CountingFix, tiny_model
-from patchers import StandInPatcher
 
+from hotfix_testing.concurrency import start_together
+from hotfix_testing.counting_fix import CountingFix, tiny_model
+from hotfix_testing.patchers import StandInPatcher
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State, Status, Target, model_injection
 

@@ -1,4 +1,4 @@
-"""The tiers plugin (tests/tiers.py) run on small test files of its own (pytester): a core's run selects by marker,
+"""The tiers plugin (tests/hotfix_testing/tiers.py) run on small test files of its own (pytester): a core's run selects by marker,
 a skip there is a failure, a marker naming no run stops the collection, and each red control passes only when its
 test fails with the bug's error."""
 
@@ -30,7 +30,7 @@ def test_not_marked():
 
 @pytest.fixture
 def tiers(pytester):
-    pytester.makeconftest('pytest_plugins = ["tiers"]\n')
+    pytester.makeconftest('pytest_plugins = ["hotfix_testing.tiers"]\n')
     pytester.makeini("[pytest]\nmarkers =\n    cores\n    fails_switched_off\n    transformers\n")
 
     def run(error: str, *args: str):

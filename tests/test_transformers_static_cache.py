@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
 
+from hotfix_testing import child_pythonpath
+from hotfix_testing.generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, tiny_qwen3
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
@@ -182,7 +183,6 @@ def test_install_is_lazy_and_reversible():
     is imported, and uninstall puts the original methods back. A fresh interpreter, so nothing is imported yet."""
     code = (
         "import sys, torch\n"
-        f"sys.path.insert(0, {str(ROOT / 'tools')!r}); from doctor import load_pack; load_pack()\n"
         "from minimax_hotfix.patches import transformers_static_cache as shim\n"
         "from minimax_hotfix.kernels import transformers_static_cache as static_cache_kernels\n"
         "from minimax_hotfix.contract import State\n"
@@ -203,7 +203,8 @@ def test_install_is_lazy_and_reversible():
         "shim.FIX.install(); assert hasattr(G.__dict__[static_cache_kernels.PREPARE_INPUTS], static_cache_kernels.WRAPPED), 'already imported'\n"
         "shim.FIX.uninstall(); assert not hasattr(G.__dict__[static_cache_kernels.INIT_SHAPE], static_cache_kernels.WRAPPED)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=300)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd="/", timeout=300,
+                   env={**os.environ, "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH"))})
 
 
 # -- latest transformers: fixed upstream, the shim does nothing -------------------------------------------------
@@ -275,7 +276,7 @@ def test_latest_sharding_rule_matches_upstream():
 @pytest.mark.parametrize("version", ["latest", AFFECTED])
 def test_seed_003_on_the_simulated_accelerator(version):
     """The seed end to end on a device that holds data: tiny Gemma 3 and Qwen3 on ``npu:0``, inputs in CPU RAM,
-    generate(cache_implementation="static") (tests/generate_on_simulated_device.py, a subprocess per version).
+    generate(cache_implementation="static") (tests/hotfix_testing/generate_on_simulated_device.py, a subprocess per version).
     5.19: red without the pack (the device's mixed-device error), green with it, ids equal to the all-CPU run.
     Latest: fixed upstream, both complete with equal ids and the pack installs nothing."""
     env = dict(os.environ)
@@ -285,7 +286,8 @@ def test_seed_003_on_the_simulated_accelerator(version):
         if not (overlay / "transformers").is_dir():
             pytest.skip(f"{overlay.relative_to(ROOT)} is absent: `bash tools/venv.sh true` installs it")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "generate_on_simulated_device.py")], cwd=ROOT,
+    env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
+    result = subprocess.run([sys.executable, "-m", "hotfix_testing.generate_on_simulated_device"], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from newer_linear_input_act import use_newer_linear_input_act
 
+from hotfix_testing.newer_linear_input_act import use_newer_linear_input_act
 from minimax_hotfix import registry as pack_registry
 from minimax_hotfix.contract import State, remove_handles
 from minimax_hotfix.contract.comfy import comfy_module

@@ -1,5 +1,5 @@
 """The bundled workflows executed by a real ComfyUI server, as a user runs them: synthetic model files
-(tests/synthetic_models.py) in its models folder, the pack in its custom_nodes, each graph queued through /prompt and
+(tests/hotfix_testing/synthetic_models.py) in its models folder, the pack in its custom_nodes, each graph queued through /prompt and
 awaited on /history.
 
 What ComfyUI 0.33.0 lets a 2-core CPU run, and what it does not:
@@ -31,12 +31,13 @@ import time
 from pathlib import Path
 
 import pytest
-import synthetic_models
 import torch
-from comfyui_server import comfyui_with_pack, run_prompt
 from safetensors.torch import load_file
-from workflow_api import FRONTEND_ONLY, load
-from workflow_prompts import (
+
+from hotfix_testing import synthetic_models
+from hotfix_testing.comfyui_server import comfyui_with_pack, run_prompt
+from hotfix_testing.workflow_api import FRONTEND_ONLY, load
+from hotfix_testing.workflow_prompts import (
     H3_CANVAS,
     MUSIC3,
     MUSIC3_NOT_RUN,
@@ -46,10 +47,9 @@ from workflow_prompts import (
     h3_prompt,
     music3_prompt,
 )
-
 from minimax_hotfix import swap_loaders
 
-pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/tiers.py)
+pytestmark = pytest.mark.e2e  # real ComfyUI servers (tests/hotfix_testing/tiers.py)
 
 H3_WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("MiniMax H3 *.json"))
 

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 PACK_ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((PACK_ROOT / "workflows").glob("*.json"))
 SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
-from comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
-from user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
-from workflow_api import (  # noqa: E402
+from hotfix_testing.comfyui_server import STAND_INS, comfyui_with_pack, http  # noqa: E402
+from hotfix_testing.user_workflows import music3_checkpoint, music3_gguf  # noqa: E402
+from hotfix_testing.workflow_api import (  # noqa: E402
     FOLDER_LISTED_INPUTS,
     FRONTEND_ONLY,
     MODEL_FILE_INPUTS,
@@ -39,8 +39,7 @@ from workflow_api import (  # noqa: E402
     official_template,
     ui_to_api,
 )
-from workflow_fuzzing import examples, json_values, workflows  # noqa: E402
-
+from hotfix_testing.workflow_fuzzing import examples, json_values, workflows  # noqa: E402
 from minimax_hotfix import swap_loaders
 
 PACK_LOADERS = set(swap_loaders.PACK_TO_STOCK)

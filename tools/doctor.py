@@ -19,22 +19,13 @@ import importlib.util
 import json
 import shutil
 import sys
-import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACK = "minimax_hotfix"
-AUDIT_MODULE = f"{PACK}.diagnostics.placement_audit"
+# tools/minimax_hotfix is the pack without its ComfyUI entry point; isolated Pythons (python -I, ComfyUI portable's
+# python_embeded, whose ._pth file turns isolated mode on) leave the script's own folder off the path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+AUDIT_MODULE = "minimax_hotfix.diagnostics.placement_audit"
 CANNOT_RUN = 2
-
-
-def load_pack(name: str = PACK):
-    """Import the pack's subpackages under ``name`` without running its ComfyUI entry point."""
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(ROOT)]
-        sys.modules[name] = package
-    return sys.modules[name]
 
 
 class DoctorError(Exception):
@@ -105,7 +96,6 @@ def run_audit(files, as_json: bool) -> int:
 
 
 def run(args) -> int:
-    load_pack()
     from minimax_hotfix.diagnostics.report import pack_release
 
     if args.version:

@@ -5,8 +5,8 @@
 
 Reads workflows in ComfyUI's UI format (subgraphs and legacy group nodes included) or in API format and writes them
 with every stock loader swapped for the pack's (``--reverse``: back to the stock loaders). Standard library only:
-it runs with any Python 3.10+, no ComfyUI or torch needed, from the pack's folder (it loads the pack's
-``swap_loaders.py`` alone, as tools/doctor.py's ``load_pack`` does, never the pack's ComfyUI entry point).
+it runs with any Python 3.10+, no ComfyUI or torch needed, from the pack's folder (it imports the pack's
+``swap_loaders.py`` alone, through tools/minimax_hotfix, never the pack's ComfyUI entry point).
 ``--print-rules`` writes ``web/swap_rules.js``, the rules the pack's frontend extension uses.
 """
 
@@ -21,10 +21,9 @@ import stat
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ (python -I leaves the script's folder out)
-from doctor import load_pack  # noqa: E402
-
-load_pack()
+# tools/minimax_hotfix is the pack without its ComfyUI entry point; isolated Pythons (python -I, ComfyUI portable's
+# python_embeded, whose ._pth file turns isolated mode on) leave the script's own folder off the path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minimax_hotfix.swap_loaders import (  # noqa: E402
     BOM,
     VERSION,

@@ -10,7 +10,7 @@
 #      pair below and tests/requirements-comfyui.txt), with COMFYUI_PATH at
 #        - $COMFYUI_PATH when set (used in place), else
 #        - a temporary copy of ../shared/comfyui/0.33.0 beside the checkout, when it exists;
-#   3. "simulated cores": each core of tests/simulated_cores.py built from ../shared/comfyui and run in its own
+#   3. "simulated cores": each core of tests/hotfix_testing/simulated_cores.py built from ../shared/comfyui and run in its own
 #      process with `pytest --core NAME`: the tests marked for it and their switched-off red controls.
 # --fast runs the lint and run 1 only (everyday work: a few minutes). Where no ComfyUI is found, only run 1 happens;
 # the summary says how many tests skipped and why, and how long each run took. Exits non-zero when any run fails.
@@ -124,7 +124,7 @@ if [ -n "$comfy" ]; then
     timed "with ComfyUI" run_with "$@" || status=1
     if [ -d "$shared_comfyui" ]; then
       echo "== run 3: simulated cores, built from $shared_comfyui (.venv-comfyui)"
-      run_cores() { .venv-comfyui/bin/python tests/simulated_cores.py -rs "$@" 2>&1 | tee "$logs/cores.txt"; \
+      run_cores() { .venv-comfyui/bin/python tests/hotfix_testing/simulated_cores.py -rs "$@" 2>&1 | tee "$logs/cores.txt"; \
         return "${PIPESTATUS[0]}"; }
       timed "simulated cores" run_cores "$@" || status=1
     fi

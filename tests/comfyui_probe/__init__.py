@@ -25,8 +25,9 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
+# loaded from its file: the server's path holds ComfyUI, not the tests (tests/hotfix_testing/synthetic_models.py)
 _spec = importlib.util.spec_from_file_location(
-    "minimax_hotfix_test_synthetic_models", Path(__file__).resolve().parents[1] / "synthetic_models.py")
+    "minimax_hotfix_test_synthetic_models", Path(__file__).resolve().parents[1] / "hotfix_testing" / "synthetic_models.py")
 synthetic_models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(synthetic_models)
 for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):

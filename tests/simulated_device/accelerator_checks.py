@@ -8,14 +8,11 @@ backend), so these run in a pytest process of their own (tests/test_simulated_de
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import simulated_accelerator as device
+from simulated_device import simulated_accelerator as device  # noqa: E402  (tests/ on the path: pyproject.toml)
 
 device.install(clear_cuda_version=False)  # the torch build keeps its identity (the checks do not need it cleared)
 NPU0, NPU1 = torch.device("npu", 0), torch.device("npu", 1)

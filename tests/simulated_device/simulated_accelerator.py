@@ -16,7 +16,7 @@
   one tensor's traffic (a position table) from the weights'.
 
 Test-only: the pack never imports it. The stand-in ``torch_npu`` package beside it installs it, and the test harness
-puts this folder on the test ComfyUI's ``PYTHONPATH`` (``tests/comfyui_server.py``).
+puts this folder on the test ComfyUI's ``PYTHONPATH`` (``tests/hotfix_testing/comfyui_server.py``).
 Configuration of a server process: the environment variables below.
 """
 

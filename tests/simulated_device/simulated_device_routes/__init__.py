@@ -1,5 +1,5 @@
 """Test-only ComfyUI custom node: the simulated accelerator's settings and counters over HTTP, for a test that drives
-a server running on it (``tests/comfyui_server.py``).
+a server running on it (``tests/hotfix_testing/comfyui_server.py``).
 
 * ``GET /simulated_device``: totals, allocated bytes per device, ``_int_mm`` availability, host-to-device copies;
   ``dynamic_vram``: the stand-in comfy-aimdo's budget, resident bytes and faults (None under the legacy loader).

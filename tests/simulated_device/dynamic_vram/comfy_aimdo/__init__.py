@@ -13,7 +13,7 @@ overlap copies on (the simulated device has no offload stream), pinned host memo
 from the memory map).
 
 The harness puts the folder above this package on the server's ``PYTHONPATH`` ahead of site-packages, for servers
-started with ``SimulatedDevice(dynamic_vram=True)`` (tests/comfyui_server.py).
+started with ``SimulatedDevice(dynamic_vram=True)`` (tests/hotfix_testing/comfyui_server.py).
 """
 
 __version__ = "0.4.13+simulated"

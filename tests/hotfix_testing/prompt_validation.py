@@ -1,6 +1,6 @@
 """ComfyUI's own prompt validation before and after server-side fixing, in one ComfyUI process with the pack loaded:
-run with ComfyUI's Python as ``python tests/prompt_validation.py COMFYUI_PATH MODELS_FOLDER CUSTOM_NODES < prompts.json``
-(CUSTOM_NODES: the other custom nodes to load, e.g. the GGUF stand-in: tests/comfyui_server.install_custom_nodes), where
+run with ComfyUI's Python as ``python tests/hotfix_testing/prompt_validation.py COMFYUI_PATH MODELS_FOLDER CUSTOM_NODES < prompts.json``
+(CUSTOM_NODES: the other custom nodes to load, e.g. the GGUF stand-in: tests/hotfix_testing/comfyui_server.install_custom_nodes), where
 prompts.json is ``{name: API prompt}`` (``--red-control``: the swap turns a stock VAELoader into a node type ComfyUI
 does not have, which the check must catch). Prints one JSON object, per prompt name: whether it validated before and after
 the pack's on-prompt handler (switch on), whether the handler changed it, the error types of each validation, and the
@@ -39,7 +39,7 @@ def load_comfyui(comfyui: str, models: Path, custom_nodes: Path):
     asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False))
     for entry in sorted(custom_nodes.iterdir()):
         asyncio.run(nodes.load_custom_node(str(entry)))
-    pack = str(Path(__file__).resolve().parents[1])
+    pack = str(Path(__file__).resolve().parents[2])
     assert asyncio.run(nodes.load_custom_node(pack, ignore=set(nodes.NODE_CLASS_MAPPINGS))), "the pack did not load"
     import minimax_hotfix
 

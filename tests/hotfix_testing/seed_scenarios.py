@@ -15,15 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import scenario_table
-from comfyui_server import SimulatedDevice, finished_prompt, http, unload_models
 from safetensors.torch import load_file
-from workflow_api import load, official_template, ui_to_api
-from workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
 
+from hotfix_testing import scenario_table
+from hotfix_testing.comfyui_server import SimulatedDevice, finished_prompt, http, unload_models
+from hotfix_testing.workflow_api import load, official_template, ui_to_api
+from hotfix_testing.workflow_prompts import FIX_LOG, MUSIC3, h3_prompt, h3_prompt_video_vae_on_device_1, music3_prompt
 from minimax_hotfix import swap_loaders
 
-PACK_ROOT = Path(__file__).resolve().parents[1]
+PACK_ROOT = Path(__file__).resolve().parents[2]
 H3_TEXT_TO_VIDEO = PACK_ROOT / "workflows" / "MiniMax H3 text to video.json"
 H3_PROBES = ("sampled", "fixed")
 # the sampled audio is reported, not compared (tests/test_seed_scenarios_on_device.py): the audio VAE is compared on

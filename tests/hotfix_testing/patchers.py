@@ -5,7 +5,8 @@ semantics are pinned against the real class by running the same tests on both.""
 from __future__ import annotations
 
 import torch
-from comfy_memory import unload_all_models
+
+from hotfix_testing.comfy_memory import unload_all_models
 
 
 class StandInPatcher:

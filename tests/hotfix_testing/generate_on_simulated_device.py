@@ -10,14 +10,12 @@ for an Ascend machine and import NPU kernels that the stand-in does not have.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 PROMPT = torch.tensor([[0, 5, 6, 7, 8], [3, 4, 5, 6, 7]])
 PADDED = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])  # left padding: the mask is not skipped
 GENERATE = dict(max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0,
@@ -49,12 +47,9 @@ TINY_MODELS = {"qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
 
 
 def simulated_accelerator():
-    spec = importlib.util.spec_from_file_location("simulated_accelerator",
-                                                  TESTS / "simulated_device" / "simulated_accelerator.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from simulated_device import simulated_accelerator  # tests/ on the path, not the folder (its torch_npu stand-in)
+
+    return simulated_accelerator
 
 
 def on_device(make_model, device, accelerator) -> dict:
@@ -71,10 +66,6 @@ def on_device(make_model, device, accelerator) -> dict:
 def main() -> dict:
     import transformers
 
-    sys.path.insert(0, str(TESTS.parent / "tools"))
-    from doctor import load_pack
-
-    load_pack()
     from minimax_hotfix import registry as pack_registry
     from minimax_hotfix.patches import transformers_static_cache as shim
 

@@ -23,10 +23,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-PACK_ROOT = Path(__file__).resolve().parents[1]
-from user_workflows import music3_checkpoint, music3_gguf
-from workflow_api import TEMPLATES, load, ui_to_api
-
+PACK_ROOT = Path(__file__).resolve().parents[2]
+from hotfix_testing.user_workflows import music3_checkpoint, music3_gguf
+from hotfix_testing.workflow_api import TEMPLATES, load, ui_to_api
 from minimax_hotfix import swap_loaders
 
 settings.register_profile("ci", deadline=None, derandomize=True, database=None, print_blob=True,
@@ -91,7 +90,7 @@ def ui_seeds() -> tuple[dict, ...]:
 
 @cache
 def api_seeds() -> tuple[dict, ...]:
-    specs = load(Path(__file__).with_name("workflow_node_specs.json"))["nodes"]
+    specs = load(PACK_ROOT / "tests" / "workflow_node_specs.json")["nodes"]
     prompts = [ui_to_api(load(path), specs) for path in BUNDLED]
     return tuple(prompts + [_stock(doc) for doc in prompts])
 

@@ -2,7 +2,7 @@
 tests/conftest.py loads.
 
 * ``comfyui`` and ``e2e`` are put on every test that takes the ``comfyui`` / ``device_servers`` fixture.
-* ``--core NAME``: this run is on a simulated core (tests/simulated_cores.py). It selects the tests whose ``cores``
+* ``--core NAME``: this run is on a simulated core (tests/hotfix_testing/simulated_cores.py). It selects the tests whose ``cores``
   or ``fails_switched_off`` marker names the core, fails those that skip there, and adds each
   ``fails_switched_off`` test's red control: the same test with its fix switched off, which must fail with the bug's
   own error.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 
 FIX_ON, FIX_OFF = "fix on", "fix off"
 LATEST_TRANSFORMERS = "latest"  # the transformers of the venv itself
@@ -28,7 +28,7 @@ OTHER_TRANSFORMERS = {path.name.removeprefix("requirements-transformers-").remov
 
 def pytest_addoption(parser):
     parser.addoption("--core", metavar="NAME", default=None,
-                     help="this run is on the simulated core NAME (tests/simulated_cores.py): run only the tests "
+                     help="this run is on the simulated core NAME (tests/hotfix_testing/simulated_cores.py): run only the tests "
                           "marked for it, with their switched-off red controls")
     parser.addoption("--transformers", metavar="VERSION", default=LATEST_TRANSFORMERS,
                      help="this run has the transformers of tests/requirements-transformers-VERSION.txt on its path: "
@@ -36,7 +36,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    import simulated_cores
+    from hotfix_testing import simulated_cores
 
     # A user who switched the pack off has MINIMAX_HOTFIX_DISABLE exported; tests that want it set it themselves.
     os.environ.pop("MINIMAX_HOTFIX_DISABLE", None)
@@ -83,12 +83,12 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collection_modifyitems(config, items):
-    import simulated_cores
+    from hotfix_testing import simulated_cores
 
     unknown = sorted(f"{item.nodeid}: {name!r}" for item in items for name in cores_named(item)
                      if name not in simulated_cores.CORES)
     if unknown:  # a core no run builds: the test would drop out of every run
-        raise pytest.UsageError("tests marked for a simulated core that tests/simulated_cores.py does not build:\n"
+        raise pytest.UsageError("tests marked for a simulated core that tests/hotfix_testing/simulated_cores.py does not build:\n"
                                 + "\n".join(unknown))
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -115,8 +115,7 @@ def fix_switch(request, monkeypatch):
     pack's off switch, as a user would); ``FIX_ON`` or None otherwise."""
     switch = getattr(request, "param", None)
     if switch == FIX_OFF:
-        from registry_state import forget_detection
-
+        from hotfix_testing.registry_state import forget_detection
         from minimax_hotfix import registry as pack_registry
 
         monkeypatch.setenv(pack_registry.DISABLE_ENV, request.node.get_closest_marker("fails_switched_off").args[0])

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED_COMFYUI = ROOT.parent / "shared" / "comfyui"
 BASE = SHARED_COMFYUI / "0.33.0"
 UPSTREAM = SHARED_COMFYUI / "upstream"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from minimax_hotfix import swap_loaders
 
-PACK_ROOT = Path(__file__).resolve().parents[1]
+PACK_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stock(name: str) -> dict:

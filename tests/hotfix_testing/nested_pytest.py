@@ -1,6 +1,6 @@
 """The command line of a pytest run nested in a test, where the test is about a fresh interpreter itself (the
 simulated accelerator's own checks, pytest stopping on an unusable COMFYUI_PATH); the cores and the other
-transformers are tiers of their own (tests/tiers.py). Nested runs keep the order as written unless
+transformers are tiers of their own (tests/hotfix_testing/tiers.py). Nested runs keep the order as written unless
 ``MINIMAX_HOTFIX_SHUFFLE_NESTED=1``: then they shuffle with the outer run's seed, so one seed reproduces both."""
 
 import os

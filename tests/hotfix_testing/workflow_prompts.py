@@ -9,9 +9,8 @@ import functools
 import re
 from pathlib import Path
 
-PACK_ROOT = Path(__file__).resolve().parents[1]
-from workflow_api import MODEL_FOLDERS, OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
-
+PACK_ROOT = Path(__file__).resolve().parents[2]
+from hotfix_testing.workflow_api import MODEL_FOLDERS, OFFICIAL_TEMPLATES, load, official_template, ui_to_api  # noqa: E402
 from minimax_hotfix import swap_loaders
 
 MUSIC3 = PACK_ROOT / "workflows" / "MiniMax Music 3.json"
@@ -109,7 +108,7 @@ def h3_prompt_video_vae_on_device_1(workflow: dict, object_info: dict, tag: str)
 def official_template_inputs() -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
     """What the official templates (OFFICIAL_TEMPLATES) load: (ComfyUI model folder, file name) of every model file
     and the name of every input image, read from the prompts the frontend would queue."""
-    specs = load(Path(__file__).with_name("workflow_node_specs.json"))["nodes"]
+    specs = load(PACK_ROOT / "tests" / "workflow_node_specs.json")["nodes"]
     nodes = [node for stem in OFFICIAL_TEMPLATES.values() for node in ui_to_api(official_template(stem), specs).values()]
     models = frozenset((MODEL_FOLDERS[name], value) for node in nodes for name, value in node["inputs"].items()
                        if name in MODEL_FOLDERS)

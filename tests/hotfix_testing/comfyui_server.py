@@ -25,23 +25,19 @@ from minimax_hotfix.registry import DISABLE_ENV
 # machine's speed: a busy machine only stretches the wait), or at once when the process or its prompt worker died.
 STALLED_S = 300
 WORKER_DIED = " (prompt_worker):"  # the line "Exception in thread Thread-N (prompt_worker):"
-PACK_ROOT = Path(__file__).resolve().parents[1]
-SPECS_FILE = Path(__file__).with_name("workflow_node_specs.json")
-SIMULATED_DEVICE = Path(__file__).with_name("simulated_device")
+PACK_ROOT = Path(__file__).resolve().parents[2]
+SPECS_FILE = PACK_ROOT / "tests" / "workflow_node_specs.json"
+SIMULATED_DEVICE = PACK_ROOT / "tests" / "simulated_device"
 # pinned memory would call torch.cuda.cudart(); fp32 everywhere so that the run compares with a --cpu run
 SIMULATED_DEVICE_OPTIONS = ("--disable-pinned-memory", "--force-fp32", "--fp32-vae")
 
 
 @functools.cache
 def simulated_accelerator_module():
-    """tests/simulated_device/simulated_accelerator.py (its names and settings), loaded from its file: that folder
-    must stay off this process's ``sys.path``, where its stand-in ``torch_npu`` package would make ComfyUI and
+    """tests/simulated_device/simulated_accelerator.py (its names and settings), imported from tests/: that
+    folder itself must stay off this process's ``sys.path``, where its stand-in ``torch_npu`` package would make ComfyUI and
     transformers, imported later by other tests, take this process for an Ascend machine and install the device."""
-    spec = importlib.util.spec_from_file_location("minimax_hotfix_test_simulated_accelerator",
-                                                  SIMULATED_DEVICE / "simulated_accelerator.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("simulated_device.simulated_accelerator")  # the folder as a namespace package
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ models and the pack's ``linear_input_act`` wrapper after it. A plugin that tests
 
 import pytest
 import torch
-from comfy_memory import unload_all_models
 
+from hotfix_testing.comfy_memory import unload_all_models
 from minimax_hotfix.diagnostics.self_tests.int8_full_precision_mm import (
     MPS_INT_MM_ERROR,
     forget_int8_probes,
