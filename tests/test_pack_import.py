@@ -11,6 +11,7 @@ def test_entry_point_imports_without_comfyui():
     code = (
         "import importlib.util, sys\n"
         "assert importlib.util.find_spec('comfy') is None, 'this check needs a Python without ComfyUI on its path'\n"
+        # by path under a synthetic name, as ComfyUI loads a custom node: the subject of this test
         f"spec = importlib.util.spec_from_file_location('pack_x_minimax', {str(ROOT / '__init__.py')!r},"
         f" submodule_search_locations=[{str(ROOT)!r}])\n"
         "m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)\n"
