@@ -19,6 +19,7 @@ No ComfyUI imports here.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import threading
 import weakref
@@ -43,6 +44,7 @@ _int8_compute: dict[torch.device, bool] = {}
 
 # linear_input_act's parameters as they grew (0.33.0 has the first three); the fallback takes them in this order.
 LINEAR_INPUT_ACT_PARAMETERS = ("linear", "x", "input_act", "act_weight", "act_eps", "residual", "residual_scale")
+FUSED_PATHS = {True: ("Linear.forward", "linear_input_act"), False: ("Linear.forward",)}  # by: has linear_input_act
 
 
 def memory_guard(model_management, on_first_refusal: Callable[[object], None]) -> Callable[[int, object], bool]:
@@ -200,15 +202,38 @@ class DequantizedInt8Linear(DequantizedLinear):
         return self.ops.INPUT_ACT_EAGER[input_act](x)
 
 
+def linear_input_act_drift(function) -> str:
+    """Why the fallback cannot stand in for ``function`` (a core's ``linear_input_act``), or "": it must take
+    ``linear``, ``x`` and ``input_act`` by name, and any parameter the fallback does not know must have a default (so a
+    call that leaves it at its default means what the fallback computes)."""
+    parameters = inspect.signature(function).parameters
+    missing = [name for name in LINEAR_INPUT_ACT_PARAMETERS[:3] if name not in parameters]
+    required = [name for name, parameter in parameters.items() if name not in LINEAR_INPUT_ACT_PARAMETERS
+                and parameter.default is inspect.Parameter.empty]
+    if missing or required:
+        return (f"comfy.ops.linear_input_act{inspect.signature(function)} has unknown parameters "
+                f"({', '.join(missing) + ' missing' if missing else ''}{'; ' if missing and required else ''}"
+                f"{', '.join(required) + ' without a default' if required else ''})")
+    return ""
+
+
 def diverting_linear_input_act(stock):
-    """``stock`` for every layer except those a fixed model marked, and for those too where int8 compute exists."""
+    """``stock`` for every layer except those a fixed model marked, and for those too where int8 compute exists or the
+    call passes a parameter the fallback does not know. The call is read by parameter name, so a core that reordered
+    the parameters or added one with a default is diverted as well."""
+    signature = inspect.signature(stock)
+    linear_at = list(signature.parameters).index("linear")
 
     @functools.wraps(stock)
-    def linear_input_act(linear, x, input_act, *args, **kwargs):
-        fallback = linear.__dict__.get(MARK)
-        if fallback is None or int8_compute_available(x.device):
-            return stock(linear, x, input_act, *args, **kwargs)
-        return fallback.linear_input_act(x, input_act, *args, **kwargs)
+    def linear_input_act(*args, **kwargs):
+        linear = args[linear_at] if len(args) > linear_at else kwargs.get("linear")
+        fallback = getattr(linear, "__dict__", {}).get(MARK)
+        if fallback is None:
+            return stock(*args, **kwargs)
+        given = signature.bind(*args, **kwargs).arguments
+        if int8_compute_available(given["x"].device) or not set(given) <= set(LINEAR_INPUT_ACT_PARAMETERS):
+            return stock(*args, **kwargs)
+        return fallback.linear_input_act(**{name: value for name, value in given.items() if name != "linear"})
 
     setattr(linear_input_act, MARK, linear_input_act)
     return linear_input_act
@@ -289,10 +314,20 @@ MODEL_KINDS = (
 
 def probe_paths(ops, device, **options):
     """An int8 layer of the running core on ``device``, built with ``mixed_precision_ops(..., **options)``: its two
-    call paths (forward, linear_input_act with swiglu), their fp32 reference with the dequantized weight, and the
-    layer itself."""
+    call paths by name (``Linear.forward``, and ``linear_input_act`` with swiglu where the core has it), their fp32
+    reference with the dequantized weight, and the layer itself."""
     layer = tiny_int8_linear(ops, 64, 16, device=device, **options)
     gated = torch.randn(8, 128, generator=torch.Generator().manual_seed(1)).to(device)
-    activated = ops.INPUT_ACT_EAGER["swiglu"](gated)
-    paths = (lambda: layer(activated), lambda: ops.linear_input_act(layer, gated, "swiglu"))
+    activated = (getattr(ops, "INPUT_ACT_EAGER", None) or _EAGER_SWIGLU)["swiglu"](gated)
+    paths = {"Linear.forward": lambda: layer(activated)}
+    if hasattr(ops, "linear_input_act"):  # by name: a core may have reordered its parameters
+        paths["linear_input_act"] = lambda: ops.linear_input_act(linear=layer, x=gated, input_act="swiglu")
     return paths, F.linear(activated, layer.weight.dequantize()), layer
+
+
+def _swiglu(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+_EAGER_SWIGLU = {"swiglu": _swiglu}  # ComfyUI's definition, for a core without INPUT_ACT_EAGER

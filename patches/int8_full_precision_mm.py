@@ -20,8 +20,9 @@ Applies to: ComfyUI 0.33.0 and later with comfy-kitchen's int8 layouts; any torc
 Detection ("fixed upstream"), per kind of model (``MODEL_KINDS``): behavioural. A tiny int8 Linear built as that
 kind's loader builds it for a device without int8 compute runs through ``forward`` and ``linear_input_act`` on CPU;
 a kind whose results equal the dequantized weight's is fixed upstream, and the fix only when every kind is. At attach
-time each real layer is asked the same, and a model with nothing left to divert gets nothing. A
-``linear_input_act`` signature with parameters this fix does not know disables it (target drifted).
+time each real layer is asked the same, and a model with nothing left to divert gets nothing. A ``linear_input_act``
+without ``linear``/``x``/``input_act``, or with a parameter it does not know and no default, disables it (drifted);
+reordered parameters are read by name, and a core without ``linear_input_act`` gets ``forward`` diverted alone.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=int8_full_precision_mm``.
 
@@ -53,7 +54,7 @@ from ..contract import (
     set_injection,
 )
 from ..kernels.int8_full_precision_mm import (
-    LINEAR_INPUT_ACT_PARAMETERS,
+    FUSED_PATHS,
     MARK,
     MODEL_KINDS,
     DequantizedInt8Linear,
@@ -61,6 +62,7 @@ from ..kernels.int8_full_precision_mm import (
     equal_within_fp32_rounding,
     has_int8_gemm_weight,
     int8_compute_available,
+    linear_input_act_drift,
     memory_guard,
     probe_paths,
     result_or_error,
@@ -86,8 +88,8 @@ class Int8FullPrecisionMM(Fix):
             import comfy.ops as ops
         except ImportError:
             ops = None
-        if ops is None or not hasattr(ops, "mixed_precision_ops") or not hasattr(ops, "linear_input_act"):
-            return Status(State.NOT_APPLICABLE, "no ComfyUI with int8 ops and linear_input_act is importable here")
+        if ops is None or not hasattr(ops, "mixed_precision_ops"):
+            return Status(State.NOT_APPLICABLE, "no ComfyUI with int8 ops is importable here")
         drift = self._drift(ops)
         if drift:
             return Status(State.FAILED, f"target drifted: {drift}")
@@ -96,7 +98,7 @@ class Int8FullPrecisionMM(Fix):
         for kind in MODEL_KINDS:
             paths = " and ".join(reaching[kind.name])
             verdict = (f"needs it: does not dequantize in {paths}" if paths
-                       else "fixed upstream: dequantizes in Linear.forward and linear_input_act")
+                       else f"fixed upstream: dequantizes in {' and '.join(FUSED_PATHS[hasattr(ops, 'linear_input_act')])}")
             parts.append(f"{kind.name} ({kind.target}) {verdict} ({kind.built_by})")
         if not any(reaching.values()):
             return Status(State.FIXED_UPSTREAM, "; ".join(parts))
@@ -113,23 +115,22 @@ class Int8FullPrecisionMM(Fix):
         reaching = {}
         with torch.no_grad():
             for kind in MODEL_KINDS:
-                (forward, fused), reference, _ = probe_paths(ops, torch.device("cpu"),
-                                                             **kind.options(model_management))
-                outcomes = {"Linear.forward": result_or_error(forward, Exception), "linear_input_act": result_or_error(fused, Exception)}
+                paths, reference, _ = probe_paths(ops, torch.device("cpu"), **kind.options(model_management))
+                outcomes = {name: result_or_error(path, Exception) for name, path in paths.items()}
                 reaching[kind.name] = [path for path, out in outcomes.items()
                                        if not (isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference))]
         return reaching
 
     @staticmethod
     def _drift(ops) -> str:
-        parameters = tuple(inspect.signature(ops.linear_input_act).parameters)
-        if len(parameters) < 3 or parameters != LINEAR_INPUT_ACT_PARAMETERS[:len(parameters)]:
-            return f"comfy.ops.linear_input_act{inspect.signature(ops.linear_input_act)} has unknown parameters"
+        fused = getattr(ops, "linear_input_act", None)  # a core without it has only Linear.forward to divert
+        if fused and linear_input_act_drift(fused):
+            return linear_input_act_drift(fused)
         import comfy.model_management
-
-        needed = {ops: ("QuantizedTensor", "INPUT_ACT_EAGER", "cast_bias_weight", "uncast_bias_weight", "run_every_op"),
+        needed = {ops: ("QuantizedTensor", "cast_bias_weight", "uncast_bias_weight", "run_every_op",
+                        *(("INPUT_ACT_EAGER",) if fused else ())),
                   comfy.model_management: ("get_free_memory", "minimum_inference_memory")}
-        if "act_weight" in parameters:
+        if fused and "act_weight" in inspect.signature(fused).parameters:
             try:
                 import comfy.rmsnorm
             except ImportError:
@@ -139,7 +140,7 @@ class Int8FullPrecisionMM(Fix):
             missing = [name for name in names if not hasattr(module, name)]
             if missing:
                 return f"{module.__name__} has no {', '.join(missing)}"
-        if "swiglu" not in ops.INPUT_ACT_EAGER:
+        if fused and "swiglu" not in ops.INPUT_ACT_EAGER:
             return "comfy.ops.INPUT_ACT_EAGER has no swiglu"
         return ""
 
@@ -166,7 +167,7 @@ class Int8FullPrecisionMM(Fix):
                 with torch.no_grad():
                     paths, reference, _ = probe_paths(ops, torch.device("cpu"), full_precision_mm=True)
                     known = all(isinstance(out, torch.Tensor) and equal_within_fp32_rounding(out, reference)
-                                for out in (result_or_error(path, Exception) for path in paths))
+                                for out in (result_or_error(path, Exception) for path in paths.values()))
                 self._honours_full_precision_mm[ops] = known
             return known
 
@@ -212,7 +213,7 @@ class Int8FullPrecisionMM(Fix):
         """Wrap ``comfy.ops.linear_input_act`` once (see the banner for why no per-model hook can)."""
         import comfy.ops as ops
 
-        if getattr(ops.linear_input_act, MARK, None) is None:
+        if hasattr(ops, "linear_input_act") and getattr(ops.linear_input_act, MARK, None) is None:
             ops.linear_input_act = diverting_linear_input_act(ops.linear_input_act)
 
 

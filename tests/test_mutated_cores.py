@@ -7,8 +7,18 @@ import sys
 from collections import Counter
 
 import pytest
+
 from hotfix_testing import mutated_cores, simulated_cores
-from hotfix_testing.mutated_cores import FAILED_AS_STOCK, FIXED_UPSTREAM, KINDS, MISSED, MUTANTS, OUTCOMES, REPAIRED, WORSE
+from hotfix_testing.mutated_cores import (
+    FAILED_AS_STOCK,
+    FIXED_UPSTREAM,
+    KINDS,
+    MISSED,
+    MUTANTS,
+    OUTCOMES,
+    REPAIRED,
+    WORSE,
+)
 from hotfix_testing.mutated_cores import outcome as outcome_of
 
 MUTANTS_PER_FIX = 8
@@ -133,3 +143,14 @@ def test_mutants_without_the_bug_run_clean_without_the_pack(records):
     assert {m.name: records[m.name]["stock"] for m in clean
             if "error" in records[m.name]["stock"] or records[m.name]["stock"]["diff"] > 1e-4} == {}
 
+
+
+def test_comfyui_loads_the_pack_with_every_node_on_every_mutant(records):
+    """ComfyUI's own ``load_custom_node`` on each mutant core: the pack loads, registers all its nodes, and nothing
+    logs an error or a traceback while it does."""
+    from minimax_hotfix.nodes import NODE_CLASS_MAPPINGS
+
+    expected = sorted(NODE_CLASS_MAPPINGS)
+    assert {name: found["startup"] for name, found in records.items()
+            if not found["startup"]["loaded"] or found["startup"]["nodes"] != expected
+            or found["startup"]["problems"]} == {}

@@ -68,7 +68,7 @@ def core_probe(ops, device, **options):
     """The fix's probe layer of the running core, with a context manager under which it is diverted as the fix
     diverts an injected model's layers."""
     paths, reference, layer = probe_paths(ops, device, **options)
-    return paths, reference, functools.partial(divert, layer)
+    return list(paths.values()), reference, functools.partial(divert, layer)
 
 
 @contextlib.contextmanager

@@ -11,10 +11,12 @@ through ComfyUI's ModelPatcher without the pack (stock) and with the pack's fixe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import inspect
 import json
+import logging
 import sys
 import tempfile
 import textwrap
@@ -32,9 +34,9 @@ import torch  # noqa: E402
 
 from hotfix_testing import mutated_cores  # noqa: E402
 from hotfix_testing.registry_state import forget_detection  # noqa: E402
-
 from minimax_hotfix import registry  # noqa: E402
 
+PACK_ROOT = Path(__file__).resolve().parents[2]
 NPU = torch.device("npu", 0)
 CPU = torch.device("cpu")
 WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
@@ -155,6 +157,48 @@ def scenario_outcome(scenario) -> dict:
     return outcome
 
 
+class Problems(logging.Handler):
+    """Log records of level WARNING and up, or carrying a traceback, while ComfyUI loads the pack."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.found = []
+
+    def emit(self, record):
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.found.append(f"{record.name}: {record.getMessage()[:300]}")
+
+
+def start_pack() -> dict:
+    """The pack loaded by ComfyUI's own ``load_custom_node``, as its start-up loads a custom node, against the mutated
+    modules; a fresh copy each time (its modules dropped before and after), its process-wide fixes uninstalled after,
+    so later mutants start from stock again."""
+    import nodes
+
+    name = str(PACK_ROOT).replace(".", "_x_")  # the module name load_custom_node gives a folder
+
+    def drop_copy():
+        for module in [module for module in sys.modules if module == name or module.startswith(name + ".")]:
+            del sys.modules[module]
+
+    drop_copy()
+    stock = set(nodes.NODE_CLASS_MAPPINGS)
+    problems = Problems()
+    logging.getLogger().addHandler(problems)
+    try:
+        loaded = asyncio.run(nodes.load_custom_node(str(PACK_ROOT), ignore=stock))
+    finally:
+        logging.getLogger().removeHandler(problems)
+        copy = sys.modules.get(name + ".registry")
+        if copy is not None:
+            copy.uninstall_process_fixes()
+        drop_copy()
+    added = sorted(set(nodes.NODE_CLASS_MAPPINGS) - stock)
+    for node in added:
+        del nodes.NODE_CLASS_MAPPINGS[node]
+    return {"loaded": loaded, "nodes": added, "problems": problems.found}
+
+
 def run_mutant(tree: Path, mutant: mutated_cores.Mutant) -> dict:
     record = {"mutant": mutant.name}
     with contextlib.ExitStack() as stack:
@@ -176,6 +220,7 @@ def run_mutant(tree: Path, mutant: mutated_cores.Mutant) -> dict:
                 record.update(scenario_outcome(scenario))
         except Exception:  # noqa: BLE001
             record["pack_traceback"] = traceback.format_exc()
+        record["startup"] = start_pack()
     return record
 
 
