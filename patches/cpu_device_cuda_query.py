@@ -24,7 +24,9 @@ shows it).
 Detection (behaviour, the same on every machine): each query is run as on an NVIDIA machine (a copy of it whose module
 sees ``is_nvidia()`` true and a ``torch.cuda`` that refuses every device lookup as torch refuses a CPU device) and asked
 about the CPU. Those that reach CUDA are needed; when none does, "fixed upstream". Each needed query must also answer
-for the CPU as on a machine without CUDA, and take ``device`` first, or the fix reads "failed" (target drifted).
+for the CPU as on a machine without CUDA, and take ``device`` first, or the fix reads "failed" (target drifted). Any
+other ``supports_*`` query of ``comfy.model_management`` that behaves the same (a query a newer core added or
+renamed) is found by that behaviour and guarded too.
 
 Retires: when every supported core's queries answer for a CPU device without asking CUDA (this fix then reads
 "fixed upstream" everywhere): delete this file, its kernels/ file, self-test, test and doc, and its README entries.
@@ -69,6 +71,14 @@ def query_modules() -> dict[str, object]:
     return {**modules, "comfy_kitchen": comfy_kitchen}
 
 
+def _has_the_bug(query) -> bool:
+    """Asks CUDA about a CPU device as on an NVIDIA machine, answers on a machine without CUDA."""
+    try:
+        return asks_cuda_about_the_cpu(query) and not asks_cuda_about_the_cpu(query, nvidia=False)
+    except Exception:  # noqa: BLE001  (a query that needs more than a device answers neither way: not this bug)
+        return False
+
+
 class CpuDeviceCudaQuery(Fix):
     id = FIX_ID
     targets = (Target.PROCESS,)
@@ -86,7 +96,10 @@ class CpuDeviceCudaQuery(Fix):
 
     @staticmethod
     def queries() -> dict[tuple[str, str], object]:
-        """The queries this install has, by (module, name), each as its module defines it."""
+        """The queries this install has, by (module, name), each as its module defines it: those of QUERIES, and any
+        other ``supports_*`` capability query of ComfyUI's that takes the device first and, as on an NVIDIA machine,
+        asks CUDA about a CPU device while it answers on a machine without CUDA (a query a newer core added or
+        renamed, with the same bug: recognised by what it does)."""
         found = {}
         modules = query_modules()
         for module_name, names in QUERIES.items():
@@ -94,6 +107,12 @@ class CpuDeviceCudaQuery(Fix):
             for name in names:
                 if callable(getattr(module, name, None)):
                     found[module_name, name] = unguarded(getattr(module, name))
+        module = modules.get("comfy.model_management")
+        for name in sorted(name for name in vars(module or object()) if name.startswith("supports_")):
+            query = unguarded(getattr(module, name))
+            if (("comfy.model_management", name) not in found and inspect.isfunction(query)
+                    and list(inspect.signature(query).parameters)[:1] == ["device"] and _has_the_bug(query)):
+                found["comfy.model_management", name] = query
         return found
 
     def queries_asking_cuda(self) -> dict[tuple[str, str], object]:

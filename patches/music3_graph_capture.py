@@ -15,8 +15,9 @@ Upstream: Comfy-Org/ComfyUI#16002 (closed with the workaround of switching both 
 Applies to: every core with Music 3 graphs (#15570, 0.33.0 on), with dynamic VRAM (the default on NVIDIA).
 
 Detection (code structure): needs ``comfy.model_prefetch.prefetch_queue_pop`` gating graphs on the unit's ``_v_block``
-and ``MiniMaxMusic3TEModel.get_dynamic_vram__units``; if the gate or the units API is gone, the fix disables itself
-(drifted). Without ComfyUI/Music 3: not applicable.
+(in its own line or in a helper of its module it calls); if the gate is gone, the fix disables itself (drifted). The
+units come from ``MiniMaxMusic3TEModel.get_dynamic_vram__units``, or, where a core renamed or dropped it, from the
+modules the loader marked with ``_v_block``. Without ComfyUI/Music 3: not applicable.
 
 Off switch: ``MINIMAX_HOTFIX_DISABLE=music3_graph_capture``.
 
@@ -42,12 +43,29 @@ from ..contract.comfy import is_music3_text_encoder
 from ..kernels.music3_graph_capture import decide_unit
 
 FIX_ID = "music3_graph_capture"
-GRAPH_GATE = re.compile(r'enable_graph\s*=\s*enable_graph\b[^\n]*getattr\(module,\s*"_v_block",\s*None\)\s*is not None')
+V_BLOCK_TEST = r'getattr\(module,\s*"_v_block",\s*None\)\s*is not None'
+GRAPH_GATE = re.compile(r"enable_graph\s*=\s*enable_graph\b[^\n]*" + V_BLOCK_TEST)
+
+
+def gates_capture_on_v_block(prefetch) -> bool:
+    """Whether ``prefetch_queue_pop`` decides capture on the unit's ``_v_block``, in its own line or in a function of
+    its module that it calls (a gate moved into a helper)."""
+    pop = prefetch.prefetch_queue_pop
+    if GRAPH_GATE.search(inspect.getsource(pop)):
+        return True
+    helpers = [getattr(prefetch, name) for name in pop.__code__.co_names if inspect.isfunction(getattr(prefetch, name,
+                                                                                                      None))]
+    return "enable_graph" in pop.__code__.co_varnames and any(
+        re.search(V_BLOCK_TEST, inspect.getsource(helper)) for helper in helpers)
 
 
 def graph_units(text_encoder) -> list[tuple]:
-    """Each dynamic-VRAM unit of a Music 3 text encoder as its tuple of root modules (the first carries _v_block)."""
-    units, last_units = text_encoder.get_dynamic_vram__units()
+    """Each dynamic-VRAM unit of a Music 3 text encoder as its tuple of root modules (the first carries _v_block):
+    from its units method, or, on a core that renamed or dropped it, each module the loader marked with ``_v_block``."""
+    method = getattr(text_encoder, "get_dynamic_vram__units", None)
+    if method is None:
+        return [(module,) for module in text_encoder.modules() if getattr(module, "_v_block", None) is not None]
+    units, last_units = method()
     return [tuple(unit) if isinstance(unit, (list, tuple)) else (unit,) for unit in (*units, *last_units)]
 
 
@@ -71,14 +89,13 @@ class Music3GraphCapture(Fix):
             import comfy.text_encoders.minimax_music as music
         except ImportError:
             return Status(State.NOT_APPLICABLE, "ComfyUI with MiniMax Music 3 CUDA graphs is not importable here")
-        if not GRAPH_GATE.search(inspect.getsource(prefetch.prefetch_queue_pop)):
+        if not gates_capture_on_v_block(prefetch):
             return Status(State.FAILED, "comfy.model_prefetch.prefetch_queue_pop no longer gates graph capture on "
                                           "the unit's _v_block: the code drifted, fix left off")
-        if not callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)):
-            return Status(State.FAILED, "MiniMaxMusic3TEModel has no get_dynamic_vram__units: the code drifted, "
-                                          "fix left off")
+        units = ("" if callable(getattr(music.MiniMaxMusic3TEModel, "get_dynamic_vram__units", None)) else
+                 " (no get_dynamic_vram__units: units found by the loader's _v_block marks)")
         return Status(State.NEEDED, "Music 3 graph units are captured whatever their weights: a GGUF Q4_0/K-quant "
-                                     "or host-resident unit fails capture (#16002)")
+                                     "or host-resident unit fails capture (#16002)" + units)
 
     def hook_loaded_model(self, text_encoder) -> list:
         if not is_music3_text_encoder(text_encoder):

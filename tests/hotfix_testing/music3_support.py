@@ -1,7 +1,9 @@
 """Shared by the Music 3 CUDA-graph tests: real GGUF weights in the two shapes ComfyUI-GGUF hands to ComfyUI (read
-back from a file the ``gguf`` package wrote), the checks every Music 3 fix object passes without ComfyUI, and a tiny
-text encoder's configuration."""
+back from a file the ``gguf`` package wrote), the checks every Music 3 fix object passes without ComfyUI, a tiny
+text encoder, and Music 3's graphed AR loop emulated on the CPU."""
 
+import contextlib
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +11,7 @@ import torch
 
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
+from minimax_hotfix.diagnostics.emulated_capture import emulated_capture
 from minimax_hotfix.diagnostics.tiny_decoder import dequantize_q4_0
 
 # projection_config of a tiny MiniMaxMusic3TEModel: 2 Llama layers
@@ -102,3 +105,110 @@ def check_self_test_red_then_green(fix) -> None:
     checks = list(self_test(fix))
     assert checks and all(check.passed for check in checks), [c for c in checks if not c.passed]
     assert checks[0].name.startswith("red:")
+
+
+# --- Music 3's graphed AR loop on the CPU (tests/test_music3_graphs_comfyui.py, the mutated cores) -------------------
+
+PROMPT = [[151669, 100, 200, 300, 151670, 151671, 151672]]
+FRAMES = 6
+GGUF_LAYER = 1
+
+
+def eager_flash_attention_decode(q, k, v, kv_lengths):
+    """What comfy-kitchen's CUDA decode kernel computes: q (b, 1, hq, d) over the first kv_lengths cache slots."""
+    groups = q.shape[2] // k.shape[2]
+    filled = torch.arange(k.shape[1])[None, :] < kv_lengths[:, None]
+    # slots past kv_lengths are never read (the cache is torch.empty): zero them instead of multiplying garbage by 0
+    k, v = (t.masked_fill(~filled[:, :, None, None], 0).repeat_interleave(groups, dim=2).float() for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~filled[:, None, None, :], float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).to(q.dtype)
+
+
+class EmulatedPrefetch:
+    """``prefetch_queue_pop`` for CPU: same gate and warm-up / capture / replay as the real one (no queues on CPU)."""
+
+    def __init__(self):
+        self.enabled = True  # False: as with --disable-cuda-graphs
+        self.graphs = {}
+        self.warmed = set()
+
+    def __call__(self, queue, device, module, dtype=None, core=None, enable_graph=False, generator=None, **_):
+        if core is None:
+            return
+        if not (self.enabled and enable_graph and getattr(module, "_v_block", None) is not None):
+            core()
+        elif module in self.graphs:
+            self.graphs[module]()
+        elif module in self.warmed:
+            # A graph keeps the addresses core() touched now; a closure called later would see the forward's loop
+            # variables as they are then, so the capture keeps core() with its variables frozen at this step.
+            frozen = types.FunctionType(core.__code__, core.__globals__, core.__name__, core.__defaults__,
+                                        tuple(types.CellType(cell.cell_contents) for cell in core.__closure__))
+            with emulated_capture(host_data_is_copy=True):
+                frozen()
+            self.graphs[module] = frozen
+        else:
+            core()
+            self.warmed.add(module)
+
+
+@contextlib.contextmanager
+def emulated_graphs(prefetch):
+    """Music 3's graphed path on the CPU: comfy-kitchen's CUDA decode kernel replaced by its eager reference (so
+    ``Llama2_`` builds ``FixedKV`` caches and takes its graphed-decode branch), ``prefetch``'s (the core's
+    ``comfy.model_prefetch``) ``prefetch_queue_pop`` by the emulation, which it yields; all put back afterwards."""
+    import comfy_kitchen
+
+    emulation = EmulatedPrefetch()
+    replaced = [(comfy_kitchen, "flash_attention_decode_is_available", lambda device: True),
+                (comfy_kitchen, "flash_attention_decode", eager_flash_attention_decode),
+                (prefetch, "prefetch_queue_pop", emulation)]
+    if hasattr(prefetch, "malloc_graph_enabled"):
+        # a core with the Comfy Compiler's graph-scoped allocation (#16428's AR loop passes its decode buffers only
+        # when it is on): on for as long as the emulated graphs are, as on a CUDA machine with comfy-aimdo
+        replaced.append((prefetch, "malloc_graph_enabled", lambda device: emulation.enabled))
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
+    for owner, name, value in replaced:
+        setattr(owner, name, value)
+    try:
+        yield emulation
+    finally:
+        for owner, name, value in originals:
+            setattr(owner, name, value)
+
+
+def music3_text_encoder(music, q4_0_weight=None, units="get_dynamic_vram__units"):
+    """A tiny real Music 3 text encoder of ``music`` (the core's ``comfy.text_encoders.minimax_music``) with seeded
+    weights; with ``q4_0_weight``, layer GGUF_LAYER's MLP down_proj holds that GGUF weight. Each dynamic-VRAM unit the
+    encoder's ``units`` method names (None: it has none) gets the ``_v_block`` mark that ``ModelPatcherDynamic.load``
+    gives its first root on a CUDA machine."""
+    torch.manual_seed(0)
+    encoder = music.MiniMaxMusic3TEModel(device="cpu", model_options={}, projection_config=TINY_MUSIC3_CONFIG)
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            values = torch.randn(parameter.shape)
+            parameter.copy_(values * 0.05 if parameter.ndim > 1 else 1 + values * 0.1)
+    if q4_0_weight is not None:
+        encoder.model.layers[GGUF_LAYER].mlp.down_proj.weight = torch.nn.Parameter(q4_0_weight, requires_grad=False)
+    for unit in [unit for group in (getattr(encoder, units)() if units else ()) for unit in group]:
+        (unit[0] if isinstance(unit, (list, tuple)) else unit)._v_block = ("vbar block",)
+    return encoder
+
+
+def generate(encoder, graphs, enabled):
+    graphs.enabled = enabled
+    graphs.graphs.clear()
+    graphs.warmed.clear()
+    with torch.no_grad():
+        return encoder.generate(torch.tensor(PROMPT), seed=3, max_audio_frames=FRAMES, device=torch.device("cpu"))
+
+
+def gguf_q4_0_down_proj(folder):
+    """A GGUF Q4_0 weight for layer GGUF_LAYER's down_proj, written to and read back from ``folder``."""
+    import gguf
+
+    torch.manual_seed(1)
+    weight = torch.randn(TINY_MUSIC3_CONFIG["hidden_size"], TINY_MUSIC3_CONFIG["intermediate_size"]) * 0.05
+    raw, shape, _ = write_and_read_gguf(folder / "down.gguf", {"w": weight}, gguf.GGMLQuantizationType.Q4_0)["w"]
+    return ggml_layout_tensor(raw, shape, gguf.GGMLQuantizationType.Q4_0)

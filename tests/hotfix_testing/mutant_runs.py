@@ -1,5 +1,6 @@
-"""Runs the mutants of hotfix_testing/mutated_cores.py in one Python process on the simulated accelerator: started by
-``mutated_cores.run_on_core`` with the simulated device's folder and one simulated core's tree on ``PYTHONPATH``
+"""Runs the mutants of hotfix_testing/mutated_cores.py in one Python process, on the simulated accelerator or, for
+scenarios that need the CPU's own rules (Music 3's emulated graph capture), on the CPU alone: started by
+``mutated_cores.run_on_core`` with one simulated core's tree (and the simulated device's folder) on ``PYTHONPATH``
 (installing the device patches torch for the whole process, so this never runs beside other tests).
 
 For each mutant named on the command line: its edited modules are executed under their own names in place of the
@@ -17,19 +18,22 @@ import importlib.util
 import inspect
 import json
 import logging
+import os
 import sys
 import tempfile
 import textwrap
 import traceback
 from pathlib import Path
 
-import torch_npu  # noqa: F401  (the simulated accelerator: ComfyUI adopts npu:0 through its Ascend path)
+ON_DEVICE = os.environ.get("MINIMAX_HOTFIX_MUTANTS_DEVICE") != "cpu"  # set by mutated_cores.run_on_core
+if ON_DEVICE:
+    import torch_npu  # noqa: F401  (the simulated accelerator: ComfyUI adopts npu:0 through its Ascend path)
 from comfy.cli_args import args
 
-args.disable_pinned_memory = args.force_fp32 = True
+args.cpu = not ON_DEVICE
+args.disable_pinned_memory = args.force_fp32 = ON_DEVICE  # the simulated device's values are float32 CPU values
 import comfy.model_management  # noqa: E402
 import comfy.model_patcher  # noqa: E402
-import simulated_accelerator  # noqa: E402
 import torch  # noqa: E402
 
 from hotfix_testing import mutated_cores  # noqa: E402
@@ -37,7 +41,7 @@ from hotfix_testing.registry_state import forget_detection  # noqa: E402
 from minimax_hotfix import registry  # noqa: E402
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
-NPU = torch.device("npu", 0)
+NPU = torch.device("npu", 0) if ON_DEVICE else None
 CPU = torch.device("cpu")
 WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
 MISSING = object()
@@ -50,7 +54,7 @@ def module_name(path: str) -> str:
 
 @contextlib.contextmanager
 def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
-    """The mutant's files executed in place of the core's modules (a removed module raises ImportError)."""
+    """The mutant's files executed in place of the core's modules, its function edits in place of the functions."""
     folder = WORK / str(len(list(WORK.iterdir())))
     saved, functions_saved = {}, []
     try:
@@ -59,11 +63,6 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
             parent_name, _, leaf = name.rpartition(".")
             parent = sys.modules[parent_name]
             saved[name] = (sys.modules.get(name), getattr(parent, leaf, None))
-            if source is None:
-                sys.modules[name] = None
-                if hasattr(parent, leaf):
-                    delattr(parent, leaf)
-                continue
             file = folder / path
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text(source, encoding="utf-8")
@@ -117,6 +116,7 @@ def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: floa
     else:
         attached = registry.attach_fixes(patcher, target) if with_pack else []
     size = comfy.model_management.module_size(model)
+    import simulated_accelerator
     simulated_accelerator.reset_counters()
     try:
         patcher.patch_model(device_to=NPU, lowvram_model_memory=max(1, int(size * resident_fraction)))
@@ -214,10 +214,12 @@ def run_mutant(tree: Path, mutant: mutated_cores.Mutant) -> dict:
         except Exception:  # noqa: BLE001
             record["pack_traceback"] = traceback.format_exc()
             return record
-        scenario = SCENARIOS[mutant.scenario](mutant)
         try:
-            with torch.inference_mode():
-                record.update(scenario_outcome(scenario))
+            if mutant.scenario in OWN_RUNS:
+                record.update(OWN_RUNS[mutant.scenario](mutant))
+            else:
+                with torch.inference_mode():
+                    record.update(scenario_outcome(SCENARIOS[mutant.scenario](mutant)))
         except Exception:  # noqa: BLE001
             record["pack_traceback"] = traceback.format_exc()
         record["startup"] = start_pack()
@@ -275,6 +277,7 @@ def int8_vae(mutant):
     ``mutant.target_class`` names the fused function where the mutant renamed it ("-": removed, callers compute
     ``linear(act(x))`` themselves)."""
     import comfy.ops
+    import simulated_accelerator
 
     from minimax_hotfix.kernels.int8_full_precision_mm import tiny_int8_linear
 
@@ -303,6 +306,86 @@ def int8_vae(mutant):
 
 
 SCENARIOS = {"int8_vae": int8_vae, "vae_decode_process_fixes": vae_decode_process_fixes, "vae_decode": vae_decode, "vision_tower": vision_tower}
+
+
+def music3_graphs(mutant, gguf_layer: bool = False) -> dict:
+    """Music 3's AR loop with CUDA graphs emulated on the CPU (hotfix_testing/music3_support.py), a tiny real text
+    encoder loaded by ComfyUI's ModelPatcher: the reference with graphs off, stock and pack with graphs on (seed 002:
+    replays must read what graphs off computes; with ``gguf_layer`` a GGUF Q4_0 layer, which must not be captured)."""
+    import comfy.model_prefetch
+    import comfy.text_encoders.minimax_music as music
+
+    from hotfix_testing.music3_support import emulated_graphs, generate, gguf_q4_0_down_proj, music3_text_encoder
+
+    weight = gguf_q4_0_down_proj(WORK) if gguf_layer else None
+
+    units = {"": "get_dynamic_vram__units", "-": None}.get(mutant.target_class, mutant.target_class)
+
+    def run(graphs, enabled, with_pack):
+        encoder = music3_text_encoder(music, weight, units)
+        patcher = comfy.model_patcher.ModelPatcher(encoder, load_device=CPU, offload_device=CPU)
+        attached = registry.attach_fixes(patcher, "clip") if with_pack else []
+        comfy.model_management.load_models_gpu([patcher], force_full_load=True)
+        try:
+            return {"output": generate(encoder, graphs, enabled), "attached": attached}
+        except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
+            return {"error": first_line(exc), "attached": attached}
+        finally:
+            comfy.model_management.unload_all_models()
+            if with_pack:
+                registry.detach_fixes(patcher, "clip")
+
+    with emulated_graphs(comfy.model_prefetch) as graphs:
+        reference = run(graphs, False, False)
+        if "error" in reference:
+            return {"invalid": f"the graphs-off reference run fails: {reference['error']}"}
+        runs = {"stock": run(graphs, True, False), "pack": run(graphs, True, True)}
+    return compared(runs, reference["output"])
+
+
+def cuda_queries(mutant) -> dict:
+    """Seed #15607 / #16365's question, as on an NVIDIA machine (kernels/cpu_device_cuda_query.py's view): the
+    capability queries a text encoder on the CPU asks (``mutant.target_class``: the names, comma-separated, where the
+    mutant renamed or added one) asked about the CPU; the reference is their answer on a machine without CUDA, the pack
+    runs with the process-wide fixes installed."""
+    from minimax_hotfix.kernels.cpu_device_cuda_query import on_machine, unguarded
+
+    names = (mutant.target_class or "supports_fp8_compute,supports_nvfp4_compute,supports_mxfp8_compute").split(",")
+    cpu = torch.device("cpu")
+
+    def answers(nvidia, with_pack=False):
+        installed = registry.install_process_fixes() if with_pack else []
+        try:
+            functions = [getattr(comfy.model_management, name) for name in names]
+            if not with_pack:
+                functions = [unguarded(function) for function in functions]
+            return {"output": torch.tensor([bool(on_machine(f, nvidia)(cpu)) for f in functions]),
+                    "attached": installed}
+        except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
+            return {"error": first_line(exc), "attached": installed}
+        finally:
+            if with_pack:
+                registry.uninstall_process_fixes()
+
+    reference = answers(nvidia=False)
+    if "error" in reference:
+        return {"invalid": f"the answers without CUDA fail: {reference['error']}"}
+    runs = {"stock": answers(nvidia=True), "pack": answers(nvidia=True, with_pack=True)}
+    return compared(runs, reference["output"])
+
+
+def compared(runs: dict, reference: torch.Tensor) -> dict:
+    """Stock and pack runs (``output`` or ``error``) against the reference, as ``scenario_outcome`` reports them."""
+    outputs = {label: result.pop("output", None) for label, result in runs.items()}
+    outcome = {label: {**result, "h2d": 0, "equal_stock": None, "diff": None if outputs[label] is None
+                       else (outputs[label].float() - reference.float()).abs().max().item()}
+               for label, result in runs.items()}
+    if outputs["stock"] is not None and outputs["pack"] is not None:
+        outcome["pack"]["equal_stock"] = bool(torch.equal(outputs["stock"], outputs["pack"]))
+    return outcome
+
+
+OWN_RUNS = {"cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}
 
 
 def main(argv):

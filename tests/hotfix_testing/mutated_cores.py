@@ -72,14 +72,13 @@ class Mutant:
     edits: tuple[Edit, ...] = ()
     function_edits: tuple[FunctionEdit, ...] = ()
     copies: tuple[tuple[str, str], ...] = ()  # (new path, path): new modules copied from the core's, executed first
-    removed: tuple[str, ...] = ()
     module: str = ""  # where the scenario finds its model class, when the mutant moved it
     target_class: str = ""  # the model class's name, when the mutant renamed it
     keeps_bug: bool = True  # the stock run still shows the bug (fails, or its traffic where the bug costs)
     # the stock run fails on the simulated accelerator although it would not on CUDA: the accelerator checks a custom
     # op's devices at its entry, CUDA only in the aten ops its implementation runs
     stock_fails_on_the_simulated_device_only: bool = False
-    reloads: tuple[str, ...] = ()  # modules executed again after the edited ones (they import from them)
+    reloads: tuple[str, ...] = ()  # importers executed again, in this order, after the modules they import from
 
 
 def replaced(text: str, old: str, new: str, every: bool, where: str) -> str:
@@ -90,16 +89,14 @@ def replaced(text: str, old: str, new: str, every: bool, where: str) -> str:
     return text.replace(old, new)  # once, or every occurrence
 
 
-def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str | None]:
-    """path -> the mutant's source of each module it changes, in the order they are executed (None: removed)."""
-    sources: dict[str, str | None] = {new: (tree / path).read_text(encoding="utf-8") for new, path in mutant.copies}
+def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str]:
+    """path -> the mutant's source of each module it changes, in the order they are executed."""
+    sources: dict[str, str] = {new: (tree / path).read_text(encoding="utf-8") for new, path in mutant.copies}
     for edit in mutant.edits:
         source = sources.get(edit.path) or (tree / edit.path).read_text(encoding="utf-8")
         sources[edit.path] = replaced(source, edit.old, edit.new, edit.every, f"mutant {mutant.name!r}: {edit.path}")
-    for path in mutant.removed:
-        sources[path] = None
-    for path in mutant.reloads:
-        sources.setdefault(path, (tree / path).read_text(encoding="utf-8"))
+    for path in mutant.reloads:  # after the modules they import from, in their own order, edited or not
+        sources[path] = sources.pop(path, None) or (tree / path).read_text(encoding="utf-8")
     return sources
 
 
@@ -327,6 +324,134 @@ MUTANTS += (
 )
 
 
+MUSIC3_CORE = "post-#15861 Music 3"
+LLAMA = "comfy/text_encoders/llama.py"
+AR = "comfy/ldm/minimax_music/ar.py"
+MUSIC = "comfy/text_encoders/minimax_music.py"
+PREFETCH = "comfy/model_prefetch.py"
+MUSIC3_IMPORTERS = (AR, MUSIC)  # each imports from the one before it: executed again after an edit
+FEEDBACK_CALL = "            output = self.model(None, embeds=feedback, past_key_values=past, dtype=execution_dtype)\n"
+LOOP_START = "        generator = torch.Generator(device=device).manual_seed(derive_seed(seed, \"ar\"))\n"
+FORWARD_BUFFERS = ("            if decode_buffers is None:\n"
+                   "                x = x.clone()\n"
+                   "            else:\n"
+                   "                hidden_buffer, rotary_buffer = decode_buffers\n"
+                   "                hidden_buffer.copy_(x)\n"
+                   "                x = hidden_buffer\n"
+                   "                rotary_buffer.copy_(rope_matrix(freqs_cis))\n"
+                   "                freqs_cis = rotary_buffer\n")
+FORWARD_SIGNATURE = "input_ids=None,deepstack_embeds=None, visual_pos_masks=None, decode_buffers=None):"
+UNITS_METHOD = "    def get_dynamic_vram__units(self):\n"
+V_BLOCK_GATE = "getattr(module, \"_v_block\", None) is not None"
+
+
+def music3_mutant(fix, name, kind, why, *edits, gguf=False, **options) -> Mutant:
+    return Mutant(f"{fix.removeprefix('music3_graph_')}: {name}", fix, kind, MUSIC3_CORE,
+                  "music3_graphs_gguf" if gguf else "music3_graphs", why, tuple(Edit(*edit) for edit in edits),
+                  reloads=MUSIC3_IMPORTERS, **options)
+
+
+def buffers_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return music3_mutant("music3_graph_buffers", name, kind, why, *edits, **options)
+
+
+def capture_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return music3_mutant("music3_graph_capture", name, kind, why, *edits, gguf=True, **options)
+
+
+AR_PASSES_BUFFERS = ((AR, LOOP_START, LOOP_START + "        decode_buffers = self.model.init_decode_buffers(2, device, "
+                                                   "execution_dtype)\n"),
+                     (AR, FEEDBACK_CALL, FEEDBACK_CALL.replace("dtype=execution_dtype)", "dtype=execution_dtype, "
+                                                                                        "decode_buffers=decode_buffers)")))
+GRAPHS_OFF_IN_FORWARD = (LLAMA, "        enable_graph = self.graph_dynamic_vbar_blocks and (",
+                         "        enable_graph = False and (")
+GRAPHS_OFF_IN_DEPTH = (AR, "core=depth_core, enable_graph=True,", "core=depth_core, enable_graph=False,")
+
+MUTANTS += (
+    buffers_mutant("as the core ships it", DEVICE, "after #15861: the AR loop passes no decode_buffers (#16222)",
+                   (AR, FEEDBACK_CALL, FEEDBACK_CALL)),
+    buffers_mutant("AR loop passes decode buffers", DEVICE, "#16428's fix", *AR_PASSES_BUFFERS, keeps_bug=False),
+    buffers_mutant("buffers made on every step", DEVICE, "the loop passes decode_buffers, new ones each step (new "
+                   "addresses: replays still stale)",
+                   (AR, FEEDBACK_CALL, FEEDBACK_CALL.replace("dtype=execution_dtype)", "dtype=execution_dtype, "
+                    "decode_buffers=self.model.init_decode_buffers(2, device, execution_dtype))"))),
+    buffers_mutant("forward without decode_buffers", SIGNATURE, "Llama2_.forward without decode_buffers, cloning",
+                   (LLAMA, FORWARD_SIGNATURE, FORWARD_SIGNATURE.replace(", decode_buffers=None):", "):")),
+                   (LLAMA, FORWARD_BUFFERS, "                x = x.clone()\n")),
+    buffers_mutant("decode_buffers renamed", SIGNATURE, "decode_buffers renamed static_buffers",
+                   (LLAMA, "decode_buffers", "static_buffers", True)),
+    buffers_mutant("init_decode_buffers renamed", RENAME, "init_decode_buffers renamed make_decode_buffers",
+                   (LLAMA, "def init_decode_buffers(", "def make_decode_buffers(")),
+    buffers_mutant("forward gains a keyword", SIGNATURE, "Llama2_.forward(..., transformer_options={})",
+                   (LLAMA, FORWARD_SIGNATURE, FORWARD_SIGNATURE.replace("=None):", "=None, transformer_options={}):"))),
+    buffers_mutant("graphs off in the decoder", DEVICE, "the #16002 workaround: Llama2_ no longer graphs its decode "
+                   "steps", GRAPHS_OFF_IN_FORWARD, keeps_bug=False),
+    buffers_mutant("AR loop gains a parameter", SIGNATURE, "MiniMaxMusic3AR.generate(..., stop_on_silence=False)",
+                   (AR, "cfg_scale=CFG_SCALE, top_k=CFG_TOP_K):", "cfg_scale=CFG_SCALE, top_k=CFG_TOP_K, "
+                                                              "stop_on_silence=False):")),
+    capture_mutant("as the core ships it", DEVICE, "every Music 3 graph unit captured, a GGUF Q4_0 one too (#16002)",
+                   (PREFETCH, V_BLOCK_GATE, V_BLOCK_GATE)),
+    capture_mutant("units method renamed", RENAME, "get_dynamic_vram__units renamed dynamic_vram_units",
+                   (MUSIC, UNITS_METHOD, "    def dynamic_vram_units(self):\n"), target_class="dynamic_vram_units"),
+    capture_mutant("capture gate moved", REFACTOR, "prefetch_queue_pop's _v_block gate moved into a helper (the "
+                   "emulated prefetch keeps the old gate)",
+                   (PREFETCH, "and " + V_BLOCK_GATE, "and _has_vbar(module)"),
+                   (PREFETCH, "def prefetch_queue_pop(", "def _has_vbar(module):\n    return " + V_BLOCK_GATE
+                    + "\n\n\ndef prefetch_queue_pop(")),
+    capture_mutant("prefetch gains a parameter", SIGNATURE, "prefetch_queue_pop(..., stream=None)",
+                   (PREFETCH, "generator=None, malloc_scope=None):", "generator=None, malloc_scope=None, stream=None):")),
+    capture_mutant("forward gains a keyword", SIGNATURE, "Llama2_.forward(..., transformer_options={})",
+                   (LLAMA, FORWARD_SIGNATURE, FORWARD_SIGNATURE.replace("=None):", "=None, transformer_options={}):"))),
+    capture_mutant("graphs off in Music 3", DEVICE, "the #16002 workaround: neither Music 3 graph path captures",
+                   GRAPHS_OFF_IN_FORWARD, GRAPHS_OFF_IN_DEPTH, keeps_bug=False),
+    capture_mutant("decoder units merged", REFACTOR, "the decoder's layers one dynamic-VRAM unit (a list of roots)",
+                   (LLAMA, "        return (list(self.layers), []) if self.graph_dynamic_vbar_blocks else ([], [])",
+                    "        return ([list(self.layers)], []) if self.graph_dynamic_vbar_blocks else ([], [])")),
+    capture_mutant("units method removed", RENAME, "the units API gone from the text encoder: nothing is a graph "
+                   "unit, nothing captured", (MUSIC, UNITS_METHOD, "    def _removed_units(self):\n"),
+                   target_class="-", keeps_bug=False),
+)
+
+
+MODEL_MANAGEMENT = "comfy.model_management"
+NVFP4 = "supports_nvfp4_compute"
+NVFP4_START = "    if not is_nvidia():\n"
+
+
+def query_mutant(name, kind, why, *function_edits, **options) -> Mutant:
+    return Mutant(f"queries: {name}", "cpu_device_cuda_query", kind, INT8_CORE, "cuda_queries", why,
+                  function_edits=tuple(FunctionEdit(MODEL_MANAGEMENT, *edit) for edit in function_edits), **options)
+
+
+MUTANTS += (
+    query_mutant("as the core ships them", DEVICE, "0.33.0: supports_*_compute ask CUDA about a CPU device (#16365)",
+                 (NVFP4, NVFP4_START, NVFP4_START)),
+    query_mutant("one query checks the device", DEVICE, "the upstream fix's shape: a non-CUDA device answers False "
+                 "first", (NVFP4, NVFP4_START, "    if device is not None and torch.device(device).type != 'cuda':\n"
+                                               "        return False\n" + NVFP4_START),
+                 target_class=NVFP4, keeps_bug=False),
+    query_mutant("one query asks is_device_cpu", DEVICE, "the same fix through ComfyUI's own is_device_cpu",
+                 (NVFP4, NVFP4_START, "    if is_device_cpu(device):\n        return False\n" + NVFP4_START),
+                 target_class=NVFP4, keeps_bug=False),
+    query_mutant("a query gains a keyword", SIGNATURE, "supports_nvfp4_compute(device=None, allow_emulation=False)",
+                 (NVFP4, "def supports_nvfp4_compute(device=None):", "def supports_nvfp4_compute(device=None, "
+                                                                    "allow_emulation=False):")),
+    query_mutant("device parameter renamed", SIGNATURE, "supports_nvfp4_compute(dev=None)",
+                 (NVFP4, "def supports_nvfp4_compute(device=None):", "def supports_nvfp4_compute(dev=None):"),
+                 (NVFP4, "get_device_properties(device)", "get_device_properties(dev)")),
+    query_mutant("a query renamed", RENAME, "supports_nvfp4_compute renamed supports_fp4_compute (its callers too)",
+                 (NVFP4, "def supports_nvfp4_compute(", "def supports_fp4_compute("),
+                 target_class="supports_fp8_compute,supports_fp4_compute,supports_mxfp8_compute"),
+    query_mutant("a new query with the same bug", REFACTOR, "a supports_int4_compute written like the others",
+                 (NVFP4, "def supports_nvfp4_compute(", "def supports_int4_compute("),
+                 target_class="supports_int4_compute,supports_nvfp4_compute"),
+    query_mutant("queries merged", REFACTOR, "one supports_compute(device, format) for every format",
+                 (NVFP4, "def supports_nvfp4_compute(device=None):", "def supports_compute(device=None, "
+                                                                    "quant_format='nvfp4'):"),
+                 target_class="supports_compute"),
+)
+
+
 def named(name: str) -> Mutant:
     (mutant,) = [mutant for mutant in MUTANTS if mutant.name == name]
     return mutant
@@ -349,11 +474,20 @@ def outcome(record: dict, keeps_bug: bool = False) -> str:
     return FAILED_AS_STOCK if state == "failed" else MISSED if keeps_bug else FIXED_UPSTREAM
 
 
+CPU_SCENARIOS = {"music3_graphs", "music3_graphs_gguf"}  # the emulated capture's rules need the CPU's own torch
+
+
 def run_on_core(comfyui_env_python: str, tree: Path, mutants: list[Mutant]) -> list[dict]:
-    """Runs ``mutants`` (all of one core, built at ``tree``) in one process on the simulated accelerator."""
-    # the child imports the simulated device's torch_npu, the core, the pack (tools/minimax_hotfix) and this folder
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "simulated_device"), str(tree),
-                                                        str(TESTS.parent / "tools"), str(TESTS)])}
+    """Runs ``mutants`` (all of one core, built at ``tree``) in one process, on the simulated accelerator unless
+    their scenarios run on the CPU."""
+    on_device = {mutant.scenario not in CPU_SCENARIOS for mutant in mutants}
+    if len(on_device) != 1:
+        raise ValueError("mutants of one run either all need the simulated accelerator or none does")
+    # the child imports the core, the pack (tools/minimax_hotfix), this folder and, on the device, its torch_npu
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([str(TESTS / "simulated_device")] if on_device == {True}
+                                                          else []), str(tree), str(TESTS.parent / "tools"),
+                                                        str(TESTS)]),
+           "MINIMAX_HOTFIX_MUTANTS_DEVICE": "simulated" if on_device == {True} else "cpu"}
     done = subprocess.run([comfyui_env_python, str(HERE / "mutant_runs.py"), str(tree), *(m.name for m in mutants)],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=False)
     records = [json.loads(line.removeprefix("MUTANT ")) for line in done.stdout.splitlines()
