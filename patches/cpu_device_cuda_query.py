@@ -108,7 +108,7 @@ class CpuDeviceCudaQuery(Fix):
                 if callable(getattr(module, name, None)):
                     found[module_name, name] = unguarded(getattr(module, name))
         module = modules.get("comfy.model_management")
-        for name in sorted(name for name in vars(module or object()) if name.startswith("supports_")):
+        for name in sorted(name for name in (vars(module) if module else ()) if name.startswith("supports_")):
             query = unguarded(getattr(module, name))
             if (("comfy.model_management", name) not in found and inspect.isfunction(query)
                     and list(inspect.signature(query).parameters)[:1] == ["device"] and _has_the_bug(query)):

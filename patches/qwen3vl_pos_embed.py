@@ -23,8 +23,9 @@ Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860). S
 verl-project/verl#5571, invoke-ai/InvokeAI#9373.
 Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 checked), any text encoder holding that tower.
 Already fixed upstream when ``fast_pos_embed_interpolate`` no longer takes its device from ``pos_embed.weight``;
-failed (left off) when the method or its call in ``forward`` is gone, or when its result no longer equals the pack's
-compute-device copy on a tiny CPU tower (checked once, in ``detect``).
+failed (left off) when the method or its call in ``forward`` is gone (a renamed one that ``forward`` calls and that reads
+``pos_embed.weight``'s device is found by that), or when its result no longer equals the pack's compute-device copy on
+a tiny CPU tower (checked once, in ``detect``).
 The rotary table (``rot_pos_emb``, built on the ``inv_freq`` buffer's device) is ``qwen3vl_rotary_table``'s.
 Off switch: ``MINIMAX_HOTFIX_DISABLE=qwen3vl_pos_embed``.
 """
@@ -100,8 +101,22 @@ def hook_towers(model: torch.nn.Module) -> list:
     tower_class = qwen3vl_tower_class()
     if tower_class is None:
         return []
+    name = position_table_method(tower_class)
+    if name is None:
+        return []
     return hook_comfy_towers(model, tower_class, lambda tower: AttributeOverride(
-        tower, "fast_pos_embed_interpolate", _table_on_compute_device(model, tower, tower.fast_pos_embed_interpolate)))
+        tower, name, _table_on_compute_device(model, tower, getattr(tower, name))))
+
+
+def position_table_method(tower_class) -> str | None:
+    """The method ``forward`` calls to build the position table: ``fast_pos_embed_interpolate``, or on a core that
+    renamed it the one method ``forward`` calls that takes its device from ``pos_embed.weight``."""
+    called = inspect.unwrap(tower_class.forward).__code__.co_names
+    if "fast_pos_embed_interpolate" in vars(tower_class) and "fast_pos_embed_interpolate" in called:
+        return "fast_pos_embed_interpolate"
+    found = [name for name, method in vars(tower_class).items() if name in called and inspect.isfunction(method)
+             and _READS_WEIGHT_DEVICE.search(inspect.getsource(method))]
+    return found[0] if len(found) == 1 else None
 
 
 def _on_detach(patcher, unpatch_all=True) -> None:
@@ -155,12 +170,11 @@ class Qwen3VLPosEmbedFix(Fix):
         if tower_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
-        method = tower_class.__dict__.get("fast_pos_embed_interpolate")
-        forward_names = inspect.unwrap(tower_class.forward).__code__.co_names
-        if method is None or "fast_pos_embed_interpolate" not in forward_names:
+        name = position_table_method(tower_class)
+        if name is None:
             return Status(State.FAILED, "Qwen35VisionModel no longer builds its position table in "
                                           "fast_pos_embed_interpolate: target drifted, fix left off")
-        if not _READS_WEIGHT_DEVICE.search(inspect.getsource(method)):
+        if not _READS_WEIGHT_DEVICE.search(inspect.getsource(vars(tower_class)[name])):
             return Status(State.FIXED_UPSTREAM, "fast_pos_embed_interpolate no longer takes its device from "
                                                 "pos_embed.weight")
         import comfy.ops
@@ -170,7 +184,7 @@ class Qwen3VLPosEmbedFix(Fix):
         ours = interpolated_position_table(tower.pos_embed, TINY_QWEN3VL_GRID, tower.num_grid_per_side,
                                            tower.spatial_merge_size, tower.pos_embed.weight.dtype,
                                            torch.device("cpu"))
-        if not torch.equal(ours, tower.fast_pos_embed_interpolate(torch.tensor(TINY_QWEN3VL_GRID))):
+        if not torch.equal(ours, getattr(tower, name)(torch.tensor(TINY_QWEN3VL_GRID))):
             return Status(State.FAILED, "fast_pos_embed_interpolate computes something else than the pack's "
                                           "compute-device copy (interpolation changed upstream): fix left off")
         return Status(State.NEEDED, "fast_pos_embed_interpolate builds the table on pos_embed's weight device: "

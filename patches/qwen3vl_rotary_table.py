@@ -14,8 +14,9 @@ Upstream: no ComfyUI issue or PR (unchanged in Comfy-Org/ComfyUI at 06990860, th
 #15251 (register_tokens/scale1/scale2, fixed by #15268) and #16390 (qk_norm_scale).
 Applies to: ComfyUI with ``comfy/text_encoders/qwen35.py`` (0.33.0 and 06990860 checked).
 Already fixed upstream when ``Qwen35VisionRotaryEmbedding.forward`` no longer takes its device from ``inv_freq``;
-disabled when the rotary module, ``rot_pos_emb`` or their calls are gone, or when the pack's table no longer equals
-the stock one on a tiny CPU tower (checked once, in ``detect``).
+disabled when the rotary module, ``rot_pos_emb`` or their calls are gone (found by what they do where a core renamed
+them: the one rotary class whose forward reads ``inv_freq``, a method ``forward`` calls that reads ``rotary_pos_emb``),
+or when the pack's table no longer equals the stock one on a tiny CPU tower (checked once, in ``detect``).
 Off switch: ``MINIMAX_HOTFIX_DISABLE=qwen3vl_rotary_table``.
 
 How: an injection on the CLIP patcher records each tower call's compute device (the ContextVar frames of
@@ -34,19 +35,13 @@ import re
 import torch
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target
-from ..contract.comfy import qwen3vl_tower_class
+from ..contract.comfy import qwen3vl_rotary_class, qwen3vl_tower_class
 from ..kernels.qwen3vl_pos_embed import compute_device, hook_comfy_towers, rotary_frequency_table, tiny_qwen3vl_tower
 from ..kernels.resident_copies import FreeCopiesOnRemove, ResidentCopies
 
-_READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*self\.inv_freq\.device")
+# the buffer's device, read as is, through a local copy of the buffer, or as a default for a device argument
+_READS_BUFFER_DEVICE = re.compile(r"device\s*=\s*(?:\w+\s+or\s+)?(?:self\.)?inv_freq\.device")
 
-
-def _rotary_class():
-    try:
-        import comfy.text_encoders.qwen35 as qwen35
-    except ImportError:
-        return None
-    return getattr(qwen35, "Qwen35VisionRotaryEmbedding", None)
 
 
 def _table_on_compute_device(tower, rotary, copies: ResidentCopies):
@@ -85,14 +80,14 @@ class Qwen3VLRotaryTableFix(Fix):
                     "from inv_freq)")
 
     def detect(self) -> Status:
-        tower_class, rotary_class = qwen3vl_tower_class(), _rotary_class()
+        tower_class, rotary_class = qwen3vl_tower_class(), qwen3vl_rotary_class()
         if tower_class is None or rotary_class is None:
             return Status(State.NOT_APPLICABLE, "no ComfyUI Qwen3.5/Qwen3-VL vision tower "
                                                 "(comfy.text_encoders.qwen35.Qwen35VisionModel) in this process")
-        rot_pos_emb = tower_class.__dict__.get("rot_pos_emb")
         forward_names = inspect.unwrap(tower_class.forward).__code__.co_names
-        if (rot_pos_emb is None or "rot_pos_emb" not in forward_names
-                or "rotary_pos_emb" not in inspect.unwrap(rot_pos_emb).__code__.co_names):
+        builders = [method for name, method in vars(tower_class).items() if name in forward_names and
+                    inspect.isfunction(method) and "rotary_pos_emb" in method.__code__.co_names]
+        if not builders:  # rot_pos_emb, or a method of another name that forward calls and that reads the table
             return Status(State.FAILED, "Qwen35VisionModel no longer builds its rotary table in rot_pos_emb from "
                                         "self.rotary_pos_emb: target drifted, fix left off")
         if not _READS_BUFFER_DEVICE.search(inspect.getsource(rotary_class.forward)):

@@ -13,7 +13,8 @@ buffer with ``.to(query.device)`` at the call site, a host-to-device copy on eve
 Applies to: ComfyUI cores whose ``comfy/ldm/minimax/vae.py`` has ``Attention.qk_norm_scale`` (0.36.0 on). 0.33.0's
 Attention has no such buffer (rms_norm, then ``apply_rope_split_half``): not applicable there.
 
-Detection (code structure): a tiny ``Attention`` is built on ``meta``; without a ``qk_norm_scale`` buffer the fix is not
+Detection (code structure): a tiny ``Attention`` is built on ``meta`` (a renamed one is the class that registers
+``qk_norm_scale``; one whose constructor changed is read from its source); without the buffer the fix is not
 applicable. Otherwise ``Attention.forward``'s source is parsed: if ``self.qk_norm_scale`` (or a plain alias of it) is
 still passed into a call other than a device move (``.to``/``cast_to*``) the bug is present; if not, fixed upstream.
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 
 import torch
@@ -79,9 +81,26 @@ def hands_raw_buffer(function, attribute: str) -> bool:
 
 
 def owns_scale_buffer(attention) -> bool:
-    """Whether the VAE's ``Attention`` class has the ``qk_norm_scale`` buffer (a tiny one is built on meta)."""
-    with torch.device("meta"):
-        return BUFFER in dict(attention(heads=1, dim_head=32).named_buffers())
+    """Whether the VAE's ``Attention`` class has the ``qk_norm_scale`` buffer: a tiny one is built on meta, or, where
+    its constructor takes other arguments now, its source registers the buffer."""
+    try:
+        with torch.device("meta"):
+            return BUFFER in dict(attention(heads=1, dim_head=32).named_buffers())
+    except TypeError:
+        return _REGISTERS_SCALE.search(inspect.getsource(attention.__init__)) is not None
+
+
+_REGISTERS_SCALE = re.compile(rf"register_buffer\(\s*[\"']{BUFFER}[\"']")
+
+
+def attention_class(vae):
+    """The VAE's attention class: ``Attention``, or on a core that renamed it the one class of the module that
+    registers the ``qk_norm_scale`` buffer."""
+    if hasattr(vae, "Attention"):
+        return vae.Attention
+    found = [value for value in vars(vae).values() if inspect.isclass(value) and value.__module__ == vae.__name__
+             and "__init__" in vars(value) and _REGISTERS_SCALE.search(inspect.getsource(value.__init__))]
+    return found[0] if len(found) == 1 else None
 
 
 def keep_buffers_on_input_device(module: torch.nn.Module, copies: ResidentCopies) -> list:
@@ -134,7 +153,7 @@ class VaeQkNormScale(Fix):
         except ImportError:
             return Status(State.NOT_APPLICABLE, "ComfyUI's MiniMax H3 video VAE (comfy.ldm.minimax.vae) is not "
                                                 "importable here")
-        attention = getattr(vae, "Attention", None)
+        attention = attention_class(vae)
         if attention is None or not hasattr(vae, "ViT3DDecoder"):
             return Status(State.FAILED, "comfy.ldm.minimax.vae has no Attention or ViT3DDecoder class: the VAE "
                                           "changed, fix left off")

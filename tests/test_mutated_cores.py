@@ -129,6 +129,14 @@ def test_no_mutant_is_worse_than_stock(records):
             for m in MUTANTS if outcome(records[m.name], m) == WORSE} == {}
 
 
+def test_every_mutant_gives_its_expected_outcome(records):
+    """EXPECTED pins each mutant's outcome: a detection made more general moved rows to "repaired" (each such row is
+    red on the detection before it), and any row that moves away from its outcome is named here."""
+    assert set(mutated_cores.EXPECTED) == {mutant.name for mutant in MUTANTS}
+    assert {m.name: outcome(records[m.name], m) for m in MUTANTS
+            if outcome(records[m.name], m) != mutated_cores.EXPECTED[m.name]} == {}
+
+
 def test_a_failed_fix_names_what_drifted(records):
     """A fix that reads *failed* on a mutant says so with a reason that names the code it no longer finds."""
     failed = {m.name: records[m.name]["reason"] for m in MUTANTS if records[m.name]["state"] == "failed"}
