@@ -27,10 +27,10 @@ from hotfix_testing import simulated_cores
 from hotfix_testing.comfyui_server import (
     SimulatedDevice,
     comfyui_with_pack,
-    http,
     install_custom_nodes,
     simulated_accelerator_module,
 )
+from hotfix_testing.prompt_validation import RED_CONTROL
 from hotfix_testing.seed_scenarios import (
     H3_COMPARED,
     H3_RESIDENT_MB,
@@ -107,7 +107,9 @@ def validated(comfyui: str, prompts: dict, models: Path, *arguments: str) -> dic
 def test_every_bundled_workflow_and_template_validates_as_before(comfyui, tmp_path):
     prompts = api_prompts()
     models = models_for(prompts, tmp_path / "models")
-    outcome = validated(comfyui, prompts, models)
+    stock = [name for name in prompts if not name.endswith("(pack)")]
+    outcome = validated(comfyui, prompts, models, "--red-control", stock[0])
+    broken = {name: outcome.pop(name) for name in list(outcome) if name.startswith(RED_CONTROL)}
     print("\nprompt | nodes | changed | valid before -> after | errors before -> after")
     for name, row in outcome.items():
         print(f"{name} | {row['nodes']} | {row['changed']} | {row['valid_before']} -> {row['valid_after']} | "
@@ -116,13 +118,11 @@ def test_every_bundled_workflow_and_template_validates_as_before(comfyui, tmp_pa
     assert worse == []
     assert all(row["extra_data_kept"] for row in outcome.values())
     assert all(row["valid_before"] for row in outcome.values()), "a prompt that never validated shows nothing"
-    stock = [name for name in outcome if not name.endswith("(pack)")]
     assert all(outcome[name]["changed"] for name in stock), "a stock prompt the handler left alone"
     assert not any(outcome[name]["changed"] for name in outcome if name.endswith("(pack)")), "not idempotent"
-
     # red control: a handler that turns a stock loader into a node type this ComfyUI lacks fails the check
-    broken = validated(comfyui, {name: prompts[name] for name in stock[:1]}, models, "--red-control")
-    assert [name for name, row in broken.items() if row["valid_before"] and not row["valid_after"]] == stock[:1]
+    assert [name for name, row in broken.items() if row["valid_before"] and not row["valid_after"]] == [
+        RED_CONTROL + stock[0]]
 
 
 # ---- real servers on the simulated device ----
@@ -132,16 +132,32 @@ def set_fix_every_run(url: str, value: bool, user: str | None = None) -> None:
     assert status == 200, answer
 
 
-def request(url: str, body=None, user: str | None = None):
-    """(status, parsed JSON body) of a POST (a GET without ``body``) as ``user`` (the ``comfy-user`` header)."""
+def request(url: str, body=None, user: str | None = None, parse=True):
+    """(status, parsed JSON body, or the bytes without ``parse``) of a POST (a GET without ``body``) as ``user`` (the
+    ``comfy-user`` header)."""
     headers = {"Content-Type": "application/json", **({"comfy-user": user} if user else {})}
     data = None if body is None else json.dumps(body).encode()
     sent = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(sent, timeout=60) as response:
-            return response.status, json.loads(response.read() or b"null")
+            status, answer = response.status, response.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+        status, answer = exc.code, exc.read()
+    return status, json.loads(answer or b"null") if parse else answer
+
+
+@pytest.fixture(scope="module")
+def multi_user_server(comfyui, tmp_path_factory):
+    """(url, its folder, add_user) of one ``--multi-user`` server on the CPU with the pack and no models: ComfyUI's
+    validation answers, naming each node's type. ``add_user(name)`` creates a user there and returns its id."""
+    base = tmp_path_factory.mktemp("multi-user-server")
+    with comfyui_with_pack(Path(comfyui), base, options=("--multi-user", "--cache-none")) as (url, _):
+        def add_user(name: str) -> str:
+            status, user = request(url + "/users", {"username": name})
+            assert status == 200, user
+            return user
+
+        yield url, base, add_user
 
 
 def stock_api_client_workflow(path=None) -> dict:
@@ -237,46 +253,40 @@ def test_an_api_client_gets_music3_fixed_by_the_setting(device_servers, music3_r
           f"diff vs CPU {diff}; off and on bit-identical")
 
 
-def test_two_users_at_once_each_by_their_own_setting(comfyui, tmp_path):
-    """A ``--multi-user`` server (CPU, no models: ComfyUI's validation answers, naming each node's type): alice has
-    the setting on, bob off; their prompts, queued at the same moment, come back fixed and stock."""
-    base = tmp_path / "server"
-    base.mkdir()
-    with comfyui_with_pack(Path(comfyui), base, options=("--multi-user", "--cache-none")) as (url, _):
-        users = {}
-        for name in ("alice", "bob"):
-            status, users[name] = request(url + "/users", {"username": name})
-            assert status == 200, users[name]
-        set_fix_every_run(url, True, users["alice"])
-        set_fix_every_run(url, False, users["bob"])
-        prompt = {"1": {"class_type": "VAELoader", "inputs": {"vae_name": "missing.safetensors"}},
-                  "2": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-                  "3": {"class_type": "VAEDecode", "inputs": {"samples": ["2", 0], "vae": ["1", 0]}},
-                  "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}
+def test_two_users_at_once_each_by_their_own_setting(multi_user_server):
+    """Alice has the setting on, bob off; their prompts, queued at the same moment, come back fixed and stock."""
+    url, _, add_user = multi_user_server
+    users = {name: add_user(name) for name in ("alice", "bob")}
+    set_fix_every_run(url, True, users["alice"])
+    set_fix_every_run(url, False, users["bob"])
+    prompt = {"1": {"class_type": "VAELoader", "inputs": {"vae_name": "missing.safetensors"}},
+              "2": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+              "3": {"class_type": "VAEDecode", "inputs": {"samples": ["2", 0], "vae": ["1", 0]}},
+              "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}}}
 
-        def queue(user):
-            return request(url + "/prompt", {"prompt": prompt, "client_id": user}, users[user])
+    def queue(user):
+        return request(url + "/prompt", {"prompt": prompt, "client_id": user}, users[user])
 
-        rounds = []
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            for _ in range(5):
-                rounds.append(dict(zip(("alice", "bob"), pool.map(queue, ("alice", "bob")), strict=True)))
-        for answers in rounds:
-            types = {user: answer[1]["node_errors"]["1"]["class_type"] for user, answer in answers.items()}
-            assert types == {"alice": "MiniMaxHotfixVAELoader", "bob": "VAELoader"}, answers
-        # red control: without a user (no comfy-user header) the setting is nobody's, and the prompt stays stock
-        status, answer = request(url + "/prompt", {"prompt": prompt})
-        assert status != 200 and (answer.get("node_errors") or {}).get("1", {}).get("class_type") != \
-            "MiniMaxHotfixVAELoader", answer
+    rounds = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(5):
+            rounds.append(dict(zip(("alice", "bob"), pool.map(queue, ("alice", "bob")), strict=True)))
+    for answers in rounds:
+        types = {user: answer[1]["node_errors"]["1"]["class_type"] for user, answer in answers.items()}
+        assert types == {"alice": "MiniMaxHotfixVAELoader", "bob": "VAELoader"}, answers
+    # red control: without a user (no comfy-user header) the setting is nobody's, and the prompt stays stock
+    status, answer = request(url + "/prompt", {"prompt": prompt})
+    assert status != 200 and (answer.get("node_errors") or {}).get("1", {}).get("class_type") != \
+        "MiniMaxHotfixVAELoader", answer
     print("\ntwo users at once, 5 rounds: alice (setting on) -> MiniMaxHotfixVAELoader, bob (off) -> VAELoader")
 
 
-def test_a_malformed_prompt_gets_comfyuis_own_answer(comfyui, tmp_path):
+def test_a_malformed_prompt_gets_comfyuis_own_answer(multi_user_server):
     """Bodies the handler cannot read reach ComfyUI unchanged: with the setting on, ComfyUI answers exactly as with it
     off (its own validation error, or its own 500 where ComfyUI itself fails on the body), and the pack logs no
     failure of its own."""
-    base = tmp_path / "server"
-    base.mkdir()
+    url, base, add_user = multi_user_server
+    carol = add_user("carol")
     stock = {"1": {"class_type": "VAELoader", "inputs": {"vae_name": "missing.safetensors"}},
              "2": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
              "3": {"class_type": "VAEDecode", "inputs": {"samples": ["4", 0], "vae": ["1", 0]}},
@@ -284,13 +294,12 @@ def test_a_malformed_prompt_gets_comfyuis_own_answer(comfyui, tmp_path):
     bodies = [{"prompt": {"1": {"class_type": 3}}}, {"prompt": {"1": {"inputs": {}}}},
               {"prompt": {"nodes": [], "links": []}}, {"prompt": []}, {"no_prompt": 1}, {"prompt": "text"},
               {"prompt": {"1": {"class_type": "VAELoader", "inputs": []}}}, {"prompt": {"1": None}}]
-    with comfyui_with_pack(Path(comfyui), base, options=("--cache-none",)) as (url, _):
-        answers = {}
-        for setting in (False, True):
-            set_fix_every_run(url, setting)
-            answers[setting] = [http(url + "/prompt", body) for body in [*bodies, {"prompt": stock}]]
-        set_fix_every_run(url, False)
-        log = (base / "comfyui.log").read_text()
+    answers = {}
+    for setting in (False, True):
+        set_fix_every_run(url, setting, carol)
+        answers[setting] = [request(url + "/prompt", body, carol, parse=False)
+                            for body in [*bodies, {"prompt": stock}]]
+    log = (base / "comfyui.log").read_text()
     for body, off, on in zip(bodies, answers[False], answers[True], strict=False):
         assert on == off, (body, off, on)
     # red control: a prompt the handler does change gets another answer (ComfyUI names the pack's loader)

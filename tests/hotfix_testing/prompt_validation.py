@@ -1,8 +1,9 @@
 """ComfyUI's own prompt validation before and after server-side fixing, in one ComfyUI process with the pack loaded:
 run with ComfyUI's Python as ``python tests/hotfix_testing/prompt_validation.py COMFYUI_PATH MODELS_FOLDER CUSTOM_NODES < prompts.json``
 (CUSTOM_NODES: the other custom nodes to load, e.g. the GGUF stand-in: tests/hotfix_testing/comfyui_server.install_custom_nodes), where
-prompts.json is ``{name: API prompt}`` (``--red-control``: the swap turns a stock VAELoader into a node type ComfyUI
-does not have, which the check must catch). Prints one JSON object, per prompt name: whether it validated before and after
+prompts.json is ``{name: API prompt}`` (``--red-control NAME``: afterwards prompt NAME again, with the swap turning a
+stock VAELoader into a node type ComfyUI does not have, which the check must catch: the row "red control: NAME").
+Prints one JSON object, per prompt name: whether it validated before and after
 the pack's on-prompt handler (switch on), whether the handler changed it, the error types of each validation, and the
 median seconds of the handler and of ``execution.validate_prompt`` over REPEATS calls (the benchmark's ratio).
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 REPEATS = 7
+RED_CONTROL = "red control: "  # the name of the red-control row for prompt NAME (--red-control NAME)
 
 
 def load_comfyui(comfyui: str, models: Path, custom_nodes: Path):
@@ -72,11 +74,6 @@ def main() -> None:
     from minimax_hotfix.registry.prompt_fixing import PROMPT_FIXING  # the copy ComfyUI loaded, as the server runs it
 
     assert pack.registry.prompt_fixing.PROMPT_FIXING is PROMPT_FIXING
-    if "--red-control" in sys.argv:
-        from minimax_hotfix import swap_loaders
-
-        swap_loaders.STOCK_TO_PACK["VAELoader"] = "MiniMaxHotfixVAELoaderThatIsNot"
-        swap_loaders.PACK_TO_STOCK["MiniMaxHotfixVAELoaderThatIsNot"] = "VAELoader"
 
     def validate(prompt):
         return asyncio.run(execution.validate_prompt("minimax-hotfix-validation", prompt, None))
@@ -85,18 +82,28 @@ def main() -> None:
         found = [] if result[1] is None else [result[1].get("type", "?")]
         return found + sorted({error["type"] for node in result[3].values() for error in node.get("errors", [])})
 
-    outcome = {}
-    for name, prompt in json.load(sys.stdin).items():
+    def row(name, prompt, timed=True) -> dict:
         body = {"prompt": prompt, "extra_data": {"extra_pnginfo": {"workflow": {"saved": name}}}}
         fixed = PROMPT_FIXING.fixed_body(body, True)
         before, after = validate(prompt), validate(fixed["prompt"])
-        outcome[name] = {
+        return {
             "nodes": len(prompt), "changed": fixed is not body, "valid_before": before[0], "valid_after": after[0],
             "errors_before": error_types(before), "errors_after": error_types(after),
             "extra_data_kept": fixed.get("extra_data") == body["extra_data"],
-            "handler_s": median_seconds(lambda: PROMPT_FIXING.fixed_body(body, True)),  # noqa: B023
-            "validate_s": asyncio.run(median_validation_seconds(execution.validate_prompt, prompt)),
+            **({"handler_s": median_seconds(lambda: PROMPT_FIXING.fixed_body(body, True)),
+                "validate_s": asyncio.run(median_validation_seconds(execution.validate_prompt, prompt))}
+               if timed else {}),
         }
+
+    prompts = json.load(sys.stdin)
+    outcome = {name: row(name, prompt) for name, prompt in prompts.items()}
+    if "--red-control" in sys.argv:  # afterwards, in the same process: the swap turned into a node type ComfyUI lacks
+        from minimax_hotfix import swap_loaders
+
+        name = sys.argv[sys.argv.index("--red-control") + 1]
+        swap_loaders.STOCK_TO_PACK["VAELoader"] = "MiniMaxHotfixVAELoaderThatIsNot"
+        swap_loaders.PACK_TO_STOCK["MiniMaxHotfixVAELoaderThatIsNot"] = "VAELoader"
+        outcome[RED_CONTROL + name] = row(name, prompts[name], timed=False)
     print(json.dumps(outcome))
 
 
