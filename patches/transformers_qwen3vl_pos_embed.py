@@ -50,10 +50,13 @@ METHOD_FORM, INDEXING_FORM = "method", "indexing"
 
 
 def forward_form(tower_class) -> str | None:
-    names = inspect.unwrap(tower_class.forward).__code__.co_names
+    """The method form, the indexing form (``forward`` gathers through the ``pos_embed`` module itself, where the fix
+    hooks it: a gather that reads its weight some other way is not repaired there), or None."""
+    forward = inspect.unwrap(tower_class.forward)
+    names = forward.__code__.co_names
     if "fast_pos_embed_interpolate" in names:
         return METHOD_FORM
-    if "pos_embed" in names and "patch_embed" in names:
+    if "pos_embed" in names and "patch_embed" in names and re.search(r"self\.pos_embed\(", inspect.getsource(forward)):
         return INDEXING_FORM
     return None
 

@@ -25,7 +25,8 @@ from hotfix_testing.mutated_cores import outcome as outcome_of
 MUTANTS_PER_FIX = 8
 # the fixes with mutants; the others, with why, are in docs/testing.md ("Mutated cores")
 MUTATED_FIXES = {"vae_qk_norm_scale", "qwen3vl_pos_embed", "qwen3vl_rotary_table", "int8_full_precision_mm",
-                 "ck_rope_device", "music3_graph_buffers", "music3_graph_capture", "cpu_device_cuda_query"}
+                 "ck_rope_device", "music3_graph_buffers", "music3_graph_capture", "cpu_device_cuda_query",
+                 "transformers_qwen3vl_pos_embed"}
 
 
 def test_every_mutated_fix_has_its_mutants_of_several_kinds():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import inspect
 import json
@@ -73,15 +74,18 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
             setattr(parent, leaf, module)
         for number, edit in enumerate(mutant.function_edits):
             module = importlib.import_module(edit.module)
-            source = textwrap.dedent(inspect.getsource(getattr(module, edit.function)))
+            *path, name = edit.function.split(".")  # a module's function, or "Class.method"
+            owner = functools.reduce(getattr, path, module)
+            source = textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(owner, name))))
             file = folder / f"{edit.module}.{edit.function}.{number}.py"
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text(mutated_cores.replaced(source, edit.old, edit.new, edit.every, f"mutant {mutant.name!r}: "
                                                    f"{edit.module}.{edit.function}"), encoding="utf-8")
-            before = dict(vars(module))
-            exec(compile(file.read_text(encoding="utf-8"), str(file), "exec"), vars(module))  # noqa: S102
-            for name in [name for name in vars(module) if before.get(name, MISSING) is not vars(module)[name]]:
-                functions_saved.append((module, name, before.get(name, MISSING)))
+            defined = {}  # run with the module's globals: the function (with its decorators) as the module makes it
+            exec(compile(file.read_text(encoding="utf-8"), str(file), "exec"), vars(module), defined)  # noqa: S102
+            for new_name, value in defined.items():
+                functions_saved.append((owner, new_name, vars(owner).get(new_name, MISSING)))
+                setattr(owner, new_name, value)
         yield
     finally:
         for module, name, original in reversed(functions_saved):
@@ -374,6 +378,39 @@ def cuda_queries(mutant) -> dict:
     return compared(runs, reference["output"])
 
 
+def transformers_tower(mutant) -> dict:
+    """The seed of ``transformers_qwen3vl_pos_embed``: transformers' tiny Qwen3-VL vision tower on npu:0 with its
+    ``pos_embed`` weight left in CPU RAM (a partial loader's), the pack through its public
+    ``attach_to_transformers_model``, as a custom node calls it; the reference is the tower on the CPU."""
+    from minimax_hotfix import api
+    from minimax_hotfix.diagnostics.self_tests.transformers_qwen3vl_pos_embed import outputs, tiny_inputs, tiny_tower
+
+    pixels, grid = tiny_inputs()
+
+    def run(device, with_pack):
+        tower = tiny_tower()
+        if device != CPU:
+            weight = tower.pos_embed.weight
+            tower.to(device)
+            tower.pos_embed.weight = weight
+        attached = api.attach_to_transformers_model(tower) if with_pack else []
+        try:
+            with torch.inference_mode():
+                result = tower(pixels.to(device), grid)
+            return {"output": torch.cat([output.to(CPU).flatten() for output in outputs(result)]),
+                    "attached": attached}
+        except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
+            return {"error": first_line(exc), "attached": attached}
+        finally:
+            if with_pack:
+                api.detach_from_transformers_model(tower)
+
+    reference = run(CPU, False)
+    if "error" in reference:
+        return {"invalid": f"the CPU reference run fails: {reference['error']}"}
+    return compared({"stock": run(NPU, False), "pack": run(NPU, True)}, reference["output"])
+
+
 def compared(runs: dict, reference: torch.Tensor) -> dict:
     """Stock and pack runs (``output`` or ``error``) against the reference, as ``scenario_outcome`` reports them."""
     outputs = {label: result.pop("output", None) for label, result in runs.items()}
@@ -385,7 +422,7 @@ def compared(runs: dict, reference: torch.Tensor) -> dict:
     return outcome
 
 
-OWN_RUNS = {"cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}
+OWN_RUNS = {"transformers_tower": transformers_tower, "cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}
 
 
 def main(argv):

@@ -50,9 +50,9 @@ class Edit:
 
 @dataclass(frozen=True)
 class FunctionEdit:
-    """In the source of ``module``'s function ``function`` (an installed library's, e.g. comfy-kitchen, which is not
-    part of the core's tree): ``old`` becomes ``new``; the result is executed in the module's namespace, so it takes
-    the function's place (or, renamed, sits beside it)."""
+    """In the source of ``module``'s function ``function`` ("Class.method" for a method; an installed library's, e.g.
+    comfy-kitchen or transformers, which is not part of the core's tree): ``old`` becomes ``new``; the result is
+    executed with the module's globals and takes the function's place (or, renamed, sits beside it)."""
 
     module: str
     function: str
@@ -452,6 +452,51 @@ MUTANTS += (
 )
 
 
+QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+TOWER_FORWARD = "Qwen3VLVisionModel.forward"
+# a method's source is edited dedented: its body four spaces in
+GATHER = "    pos_embeds = (self.pos_embed(interp_indices) * interp_weights[:, :, None]).sum(1)\n"
+ADD = "    hidden_states = hidden_states + pos_embeds.to(hidden_states.dtype)\n"
+
+
+def transformers_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return Mutant(f"transformers: {name}", "transformers_qwen3vl_pos_embed", kind, INT8_CORE, "transformers_tower",
+                  why, function_edits=tuple(FunctionEdit(QWEN3_VL, TOWER_FORWARD, *edit) for edit in edits),
+                  **options)
+
+
+MUTANTS += (
+    transformers_mutant("as it ships", DEVICE, "transformers 5.24's indexing form: no device reconciled", (ADD, ADD)),
+    transformers_mutant("the add moves the table", DEVICE, "half an upstream fix: the table follows hidden_states' "
+                        "device, grid_thw's rotary positions still do not", (ADD, ADD.replace(".to(hidden_states.dtype)",
+                                                                  ".to(hidden_states.device, hidden_states.dtype)"))),
+    transformers_mutant("the add casts to the activations", DEVICE, "the same half-fix as .to(hidden_states)",
+                        (ADD, ADD.replace(".to(hidden_states.dtype)", ".to(hidden_states)"))),
+    transformers_mutant("the gather on the weight's device", DEVICE, "indices moved to pos_embed's weight, the table "
+                        "not moved back (the crash moves to the add)",
+                        (GATHER, GATHER.replace("self.pos_embed(interp_indices)",
+                                                "self.pos_embed(interp_indices.to(self.pos_embed.weight.device))"))),
+    transformers_mutant("forward gains a keyword", SIGNATURE, "forward(..., output_attentions=False, **kwargs)",
+                        ("grid_thw: torch.Tensor, **kwargs", "grid_thw: torch.Tensor, output_attentions: bool = False, "
+                                                            "**kwargs")),
+    transformers_mutant("grid renamed", SIGNATURE, "grid_thw renamed image_grid_thw",
+                        ("grid_thw", "image_grid_thw", True)),
+    transformers_mutant("functional gather", REFACTOR, "the table gathered with F.embedding on pos_embed's weight",
+                        (GATHER, GATHER.replace("self.pos_embed(interp_indices)",
+                                                "nn.functional.embedding(interp_indices, self.pos_embed.weight)"))),
+    transformers_mutant("forward reconciles every device", DEVICE, "the upstream fix in full: grid_thw follows the "
+                        "activations, the gather the weight, the table the activations",
+                        ("    interp_indices, interp_weights = get_vision", "    grid_thw = grid_thw.to(hidden_states"
+                                                                           ".device)\n    interp_indices, interp_weights "
+                                                                           "= get_vision"),
+                        (GATHER, GATHER.replace("self.pos_embed(interp_indices)",
+                                                "self.pos_embed(interp_indices.to(self.pos_embed.weight.device))"
+                                                ".to(interp_weights.device)")),
+                        (ADD, ADD.replace(".to(hidden_states.dtype)", ".to(hidden_states.device, hidden_states.dtype)")),
+                        keeps_bug=False),
+)
+
+
 # What each mutant gives today: a detection made more general shows here as a row that moved to "repaired" (and a
 # regression as one that moved away); "worse than stock" is never expected.
 EXPECTED = {
@@ -529,6 +574,14 @@ EXPECTED = {
     "queries: a query renamed": REPAIRED,
     "queries: a new query with the same bug": REPAIRED,
     "queries: queries merged": REPAIRED,
+    "transformers: as it ships": REPAIRED,
+    "transformers: the add moves the table": MISSED,
+    "transformers: the add casts to the activations": REPAIRED,
+    "transformers: the gather on the weight's device": REPAIRED,
+    "transformers: forward gains a keyword": REPAIRED,
+    "transformers: grid renamed": REPAIRED,
+    "transformers: functional gather": FAILED_AS_STOCK,
+    "transformers: forward reconciles every device": FIXED_UPSTREAM,
 }
 
 
