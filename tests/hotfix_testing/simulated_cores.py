@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,24 +237,31 @@ def build_core(name: str, dest: Path) -> Path:
     return dest
 
 
-def run_tests_on_every_core(pytest_args: list[str]) -> int:
+def run_tests_on_every_core(pytest_args: list[str], at_once: int = 2) -> int:
     """Builds each core in a temporary folder and runs pytest there with ``--core NAME``, one process per core (the
-    running ComfyUI is the core's tree): the tests marked for that core, and their switched-off red controls
-    (tests/conftest.py). Prints one line per core with its outcome and seconds; returns non-zero if any failed."""
+    running ComfyUI is the core's tree), ``at_once`` at a time (the runs are in-process tests, one core busy each): the
+    tests marked for that core, and their switched-off red controls (tests/conftest.py). Prints each core's output
+    when it ends, with its outcome and seconds; returns non-zero if any failed."""
     failed = []
     with tempfile.TemporaryDirectory(prefix="simulated-cores-") as folder:
-        for index, name in enumerate(CORES):
+
+        def run(index_and_name):
+            index, name = index_and_name
             started = time.monotonic()
             tree = build_core(name, Path(folder, str(index), "ComfyUI"))
-            print(f"== simulated core {name!r}", flush=True)
             environment = {**os.environ, "COMFYUI_PATH": str(tree)}
             done = subprocess.run([sys.executable, "-m", "pytest", "--core", name, *pytest_args], cwd=ROOT,
-                                  env=environment, check=False)
-            if done.returncode not in (0, NO_TESTS_COLLECTED):  # the arguments may select no test for this core
-                failed.append(name)
-            print(f"== simulated core {name!r}: {'FAILED' if name in failed else 'passed'} in "
-                  f"{time.monotonic() - started:.0f} s", flush=True)
+                                  env=environment, check=False, capture_output=True, text=True)
             shutil.rmtree(tree)
+            return name, done, time.monotonic() - started
+
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            for name, done, seconds in pool.map(run, enumerate(CORES)):
+                print(f"== simulated core {name!r}\n{done.stdout}{done.stderr}", end="", flush=True)
+                if done.returncode not in (0, NO_TESTS_COLLECTED):  # the arguments may select no test for this core
+                    failed.append(name)
+                print(f"== simulated core {name!r}: {'FAILED' if name in failed else 'passed'} in {seconds:.0f} s",
+                      flush=True)
     print(f"simulated cores: {len(CORES) - len(failed)} of {len(CORES)} passed"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
