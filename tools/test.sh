@@ -117,8 +117,8 @@ if [ -n "$comfy" ]; then
   cat "$logs/build.txt"
   seconds["building .venv-comfyui (beside run 1)"]=$(cat "$logs/build.seconds")
   if [ "$built" -eq 0 ]; then
-    # -m "not stdlib": run 1 ran those, and nothing they use differs here
-    run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs -m "not stdlib" "$@" 2>&1 \
+    # -m "not stdlib": run 1 ran those, and nothing they use differs here; --durations: where its time goes (CI time)
+    run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs --durations=25 -m "not stdlib" "$@" 2>&1 \
       | tee "$logs/with.txt"; \
       return "${PIPESTATUS[0]}"; }
     timed "with ComfyUI" run_with "$@" || status=1
