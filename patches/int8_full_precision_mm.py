@@ -124,8 +124,8 @@ class Int8FullPrecisionMM(Fix):
     @staticmethod
     def _drift(ops) -> str:
         fused = getattr(ops, "linear_input_act", None)  # a core without it has only Linear.forward to divert
-        if fused and linear_input_act_drift(fused):
-            return linear_input_act_drift(fused)
+        if fused and (drift := linear_input_act_drift(fused)):
+            return drift
         import comfy.model_management
         needed = {ops: ("QuantizedTensor", "cast_bias_weight", "uncast_bias_weight", "run_every_op",
                         *(("INPUT_ACT_EAGER",) if fused else ())),
