@@ -121,6 +121,13 @@ class Fix:
         """Process-wide fixes only: restore the original objects."""
 
 
+def error_line(exc: BaseException) -> str:
+    """``exc`` as one line for a status reason: its type and the first line of its message (a dispatcher error
+    lists every backend over dozens of lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def package_version(distribution: str) -> str:
     """The installed version of ``distribution`` from its metadata (no import), or "not installed". The version line
     is read alone: ``importlib.metadata.version`` parses the whole file, over a millisecond of ComfyUI's start-up."""

@@ -35,6 +35,7 @@ PROBE_KV_HEADS = 2
 # (the rule transformers 5.20.2+ applies in get_kv_heads_per_rank).
 KEY_PROJECTIONS = ("k_proj", "qkv_proj", "query_key_value")
 SHARDING_STYLE = "colwise"
+TP_SIZE_PARAMETER = "tp_size"
 
 
 def move_nested(value, device: torch.device):
@@ -191,12 +192,18 @@ def prepare_inputs_wrapper(original, repairing: Callable[[str], bool]):
 
 def init_shape_wrapper(original, repairing: Callable[[str], bool]):
     """``_get_static_cache_init_shape`` that divides the KV heads only for a sharded key projection while
-    ``repairing("tp_heads")``."""
+    ``repairing("tp_heads")``: it sees the model unsharded, and a TP size passed to it (a signature it may take in a
+    later release) unset too."""
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def _get_static_cache_init_shape(self, *args, **kwargs):
         if ((getattr(self, "_tp_size", None) or 1) > 1 and not shards_kv_heads(getattr(self, "tp_plan", None))
                 and repairing("tp_heads")):
-            return original(UnshardedView(self), *args, **kwargs)
+            bound = signature.bind(UnshardedView(self), *args, **kwargs)
+            if TP_SIZE_PARAMETER in bound.arguments:
+                bound.arguments[TP_SIZE_PARAMETER] = None
+            return original(*bound.args, **bound.kwargs)
         return original(self, *args, **kwargs)
 
     return _get_static_cache_init_shape

@@ -37,7 +37,7 @@ import sys
 import threading
 from typing import NamedTuple
 
-from ..contract import Fix, Retirement, State, Status, Target, package_version
+from ..contract import Fix, Retirement, State, Status, Target, error_line, package_version
 from ..contract.on_import import WrapOnImport
 
 FIX_ID = "transformers_static_cache"
@@ -114,7 +114,7 @@ def _probed(probe, mixin) -> Status:
     try:
         return probe(mixin)
     except Exception as exc:  # drifted internals must switch this half off, never break generate()
-        return Status(State.FAILED, f"target drifted, left off: probe failed ({type(exc).__name__}: {exc})")
+        return Status(State.FAILED, f"target drifted, left off: probe failed ({error_line(exc)})")
 
 
 class TransformersStaticCacheFix(Fix):

@@ -31,7 +31,7 @@ import weakref
 from typing import NamedTuple
 
 from .. import patches
-from ..contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, log
+from ..contract import PACK_KEY, Fix, RegistryLink, State, Status, Target, error_line, log
 
 DISABLE_ENV = "MINIMAX_HOTFIX_DISABLE"
 
@@ -170,7 +170,7 @@ def status(fix: Fix) -> Status:
         try:
             found = fix.detect()
         except Exception as exc:
-            found = Status(State.FAILED, f"detection failed ({type(exc).__name__}: {exc}); fix left off")
+            found = Status(State.FAILED, f"detection failed ({error_line(exc)}); fix left off")
         if found != known:
             _log_status(fix, found)
         _detected[fix.id] = found

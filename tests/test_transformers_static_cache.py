@@ -171,6 +171,20 @@ def test_move_nested_moves_containers_and_leaves_other_objects():
     assert move_nested(moved, meta) is moved, "nothing to move must return the very same object"
 
 
+def test_a_probe_failing_on_drifted_code_reads_failed_in_one_line():
+    """Found on a mutant (tests/hotfix_testing/mutated_cores.py, "static cache: masks built on the model device"): a
+    probe stopped by a dispatcher error, whose message lists every backend over dozens of lines, must still give a
+    status reason of one line (the status table, the log, the doctor print it)."""
+    def probe(mixin):
+        raise NotImplementedError("Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend.\n\n"
+                                  "CPU: registered at RegisterCPU_2.cpp:2359 [kernel]\nMeta: registered at ...")
+
+    found = shim._probed(probe, object())
+    assert found.state is State.FAILED
+    assert found.reason == ("target drifted, left off: probe failed (NotImplementedError: Could not run "
+                            "'aten::empty_strided' with arguments from the 'CUDA' backend.)")
+
+
 def test_registry_lists_the_fix_with_its_off_switch(monkeypatch):
     assert shim.FIX in pack_registry.fixes_for("process") and pack_registry.all_fixes()[shim.FIX_ID] is shim.FIX
     assert shim.FIX_ID in [row[0] for row in status_rows()]

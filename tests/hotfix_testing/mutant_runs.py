@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import importlib.util
 import inspect
 import json
@@ -22,7 +21,6 @@ import logging
 import os
 import sys
 import tempfile
-import textwrap
 import traceback
 from pathlib import Path
 
@@ -45,7 +43,6 @@ PACK_ROOT = Path(__file__).resolve().parents[2]
 NPU = torch.device("npu", 0) if ON_DEVICE else None
 CPU = torch.device("cpu")
 WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
-MISSING = object()
 PROCESS = "process"  # a scenario's target for the process-wide fixes, installed as ComfyUI's start-up installs them
 
 
@@ -57,7 +54,7 @@ def module_name(path: str) -> str:
 def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
     """The mutant's files executed in place of the core's modules, its function edits in place of the functions."""
     folder = WORK / str(len(list(WORK.iterdir())))
-    saved, functions_saved = {}, []
+    saved = {}
     try:
         for path, source in mutated_cores.mutated_sources(tree, mutant).items():
             name = module_name(path)
@@ -72,27 +69,9 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
             sys.modules[name] = module
             spec.loader.exec_module(module)
             setattr(parent, leaf, module)
-        for number, edit in enumerate(mutant.function_edits):
-            module = importlib.import_module(edit.module)
-            *path, name = edit.function.split(".")  # a module's function, or "Class.method"
-            owner = functools.reduce(getattr, path, module)
-            source = textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(owner, name))))
-            file = folder / f"{edit.module}.{edit.function}.{number}.py"
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(mutated_cores.replaced(source, edit.old, edit.new, edit.every, f"mutant {mutant.name!r}: "
-                                                   f"{edit.module}.{edit.function}"), encoding="utf-8")
-            defined = {}  # run with the module's globals: the function (with its decorators) as the module makes it
-            exec(compile(file.read_text(encoding="utf-8"), str(file), "exec"), vars(module), defined)  # noqa: S102
-            for new_name, value in defined.items():
-                functions_saved.append((owner, new_name, vars(owner).get(new_name, MISSING)))
-                setattr(owner, new_name, value)
-        yield
+        with mutated_cores.functions_edited(mutant, folder):
+            yield
     finally:
-        for module, name, original in reversed(functions_saved):
-            if original is MISSING:  # the mutant added it
-                delattr(module, name)
-            else:
-                setattr(module, name, original)
         for name, (module, attribute) in reversed(saved.items()):
             parent_name, _, leaf = name.rpartition(".")
             if module is None:

@@ -20,9 +20,15 @@ Outcome of a mutant (``outcome``):
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
+import inspect
 import json
 import os
 import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +65,7 @@ class FunctionEdit:
     old: str
     new: str
     every: bool = False
+    renames: bool = False  # the edited function is there under its new name only (the original removed)
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class Mutant:
     name: str
     fix: str
     kind: str
-    core: str  # the simulated core it mutates
+    core: str  # the simulated core it mutates ("" for a transformers-only mutant, run on ``transformers``)
     scenario: str  # hotfix_testing/mutant_runs.py SCENARIOS
     why: str  # the upstream change it stands for
     edits: tuple[Edit, ...] = ()
@@ -79,6 +86,8 @@ class Mutant:
     # op's devices at its entry, CUDA only in the aten ops its implementation runs
     stock_fails_on_the_simulated_device_only: bool = False
     reloads: tuple[str, ...] = ()  # importers executed again, in this order, after the modules they import from
+    # the transformers tier (tests/requirements-transformers-<version>.txt) a core-less mutant runs on
+    transformers: str = ""
 
 
 def replaced(text: str, old: str, new: str, every: bool, where: str) -> str:
@@ -87,6 +96,41 @@ def replaced(text: str, old: str, new: str, every: bool, where: str) -> str:
         raise ValueError(f"{where} holds its text {count} times, not once (the core drifted under the mutant): "
                          f"{old[:80]!r}")
     return text.replace(old, new)  # once, or every occurrence
+
+
+MISSING = object()
+
+
+@contextlib.contextmanager
+def functions_edited(mutant: Mutant, folder: Path):
+    """The mutant's function edits in place of the functions (their edited sources written under ``folder``), put
+    back afterwards."""
+    saved = []
+    try:
+        for number, edit in enumerate(mutant.function_edits):
+            module = importlib.import_module(edit.module)
+            *path, name = edit.function.split(".")  # a module's function, or "Class.method"
+            owner = functools.reduce(getattr, path, module)
+            source = textwrap.dedent(inspect.getsource(inspect.unwrap(getattr(owner, name))))
+            file = folder / f"{edit.module}.{edit.function}.{number}.py"
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(replaced(source, edit.old, edit.new, edit.every,
+                                     f"mutant {mutant.name!r}: {edit.module}.{edit.function}"), encoding="utf-8")
+            defined = {}  # run with the module's globals: the function (with its decorators) as the module makes it
+            exec(compile(file.read_text(encoding="utf-8"), str(file), "exec"), vars(module), defined)  # noqa: S102
+            if edit.renames:
+                saved.append((owner, name, vars(owner)[name]))
+                delattr(owner, name)
+            for new_name, value in defined.items():
+                saved.append((owner, new_name, vars(owner).get(new_name, MISSING)))
+                setattr(owner, new_name, value)
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            if original is MISSING:  # the mutant added it
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 def mutated_sources(tree: Path, mutant: Mutant) -> dict[str, str]:
@@ -497,6 +541,84 @@ MUTANTS += (
 )
 
 
+GENERATION = "transformers.generation.utils"
+PREPARE = "GenerationMixin.prepare_inputs_for_generation"
+INIT_SHAPE = "GenerationMixin._get_static_cache_init_shape"
+PREPARE_STATIC = "GenerationMixin._prepare_static_cache"
+STATIC_CACHE_TRANSFORMERS = "5.19"  # both bugs (tests/requirements-transformers-5.19.txt)
+# transformers 5.19's prepare_inputs_for_generation, step 6: top-level tensors only reach the model device
+MOVE_TOP_LEVEL = ("            if isinstance(value, torch.Tensor):\n"
+                  "                model_inputs[key] = value.to(self.device)\n")
+MOVE_STEP = ('    input_tensor = model_inputs.get("inputs_embeds", model_inputs[input_ids_key])  # input_ids is None for '
+             'embeds\n    if self.device.type != "meta" and input_tensor is not None and input_tensor.device != '
+             'self.device:\n        for key, value in model_inputs.items():\n' + MOVE_TOP_LEVEL)
+MASK_INPUTS = ("            inputs_embeds=torch.empty((batch_size, sequence_length, 0), dtype=self.dtype, "
+               "device=input_ids.device),\n")
+TP_DIVIDES = "    if tp_size > 1:\n"
+
+
+def static_cache_mutant(name, kind, scenario, why, *edits, **options) -> Mutant:
+    return Mutant(f"static cache: {name}", "transformers_static_cache", kind, "", scenario, why,
+                  function_edits=tuple(FunctionEdit(GENERATION, *edit) for edit in edits),
+                  transformers=STATIC_CACHE_TRANSFORMERS, **options)
+
+
+def masks_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return static_cache_mutant(name, kind, "static_cache_masks", why, *((PREPARE, *e) for e in edits), **options)
+
+
+def tp_mutant(name, kind, why, *edits, **options) -> Mutant:
+    return static_cache_mutant(name, kind, "static_cache_tp_heads", why, *edits, **options)
+
+
+MUTANTS += (
+    masks_mutant("as it ships", DEVICE, "transformers 5.19: the per-layer-type mask dict stays on the host",
+                 (MOVE_TOP_LEVEL, MOVE_TOP_LEVEL)),
+    masks_mutant("prepare gains a keyword", SIGNATURE, "prepare_inputs_for_generation(..., output_router_logits=False)",
+                 ("    is_first_iteration: bool | None = False,\n", "    is_first_iteration: bool | None = False,\n"
+                                                                 "    output_router_logits: bool = False,\n")),
+    masks_mutant("is_first_iteration through kwargs", SIGNATURE, "the parameter dropped from the signature, read "
+                 "from **kwargs (the older form)",
+                 ("    is_first_iteration: bool | None = False,\n", ""),
+                 ("    # Instantiate output\n", "    is_first_iteration = kwargs.pop(\"is_first_iteration\", False)\n")),
+    masks_mutant("moved into a helper", RENAME, "step 6 moved into its own method, _move_to_model_device",
+                 (MOVE_STEP, "    return self._move_to_model_device(model_inputs, input_ids_key)\n\n\n"
+                             "def _move_to_model_device(self, model_inputs, input_ids_key):\n" + MOVE_STEP)),
+    masks_mutant("the move names its keys", REFACTOR, "step 6 moves the inputs the forward takes, by name",
+                 ("        for key, value in model_inputs.items():\n" + MOVE_TOP_LEVEL,
+                  '        for key in ("input_ids", "inputs_embeds", "position_ids", "attention_mask", '
+                  '"token_type_ids"):\n            value = model_inputs.get(key)\n' + MOVE_TOP_LEVEL)),
+    masks_mutant("nested inputs moved", DEVICE, "the upstream fix (5.20.2): step 6 moves the tensors in dicts too",
+                 (MOVE_TOP_LEVEL, MOVE_TOP_LEVEL + "            elif isinstance(value, dict):\n"
+                  "                model_inputs[key] = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v "
+                  "for k, v in value.items()}\n"), keeps_bug=False),
+    masks_mutant("masks built on the model device", DEVICE, "the 2D mask moved first, the per-type masks built on the "
+                 "model device", (MASK_INPUTS, MASK_INPUTS.replace("device=input_ids.device", "device=self.device")),
+                 ("        causal_mask_creation_function = ", "        if attention_mask is not None:\n"
+                  "            attention_mask = attention_mask.to(self.device)\n"
+                  "        causal_mask_creation_function = "), keeps_bug=False),
+    tp_mutant("init shape renamed", RENAME, "_get_static_cache_init_shape renamed _get_static_cache_shape (its caller "
+              "too)", (INIT_SHAPE, "def _get_static_cache_init_shape(", "def _get_static_cache_shape(", False, True),
+              (PREPARE_STATIC, "self._get_static_cache_init_shape()", "self._get_static_cache_shape()")),
+    tp_mutant("init shape takes the TP size", SIGNATURE, "_get_static_cache_init_shape(tp_size=None), its caller "
+              "passing the model's",
+              (INIT_SHAPE, "    self: \"GenerativePreTrainedModel\",\n", "    self: \"GenerativePreTrainedModel\",\n"
+                                                                       "    tp_size: int | None = None,\n"),
+              (INIT_SHAPE, '    tp_size = getattr(self, "_tp_size", None) or 1\n',
+               '    tp_size = tp_size or getattr(self, "_tp_size", None) or 1\n'),
+              (PREPARE_STATIC, "self._get_static_cache_init_shape()", "self._get_static_cache_init_shape("
+                                                                     "tp_size=self._tp_size)")),
+    tp_mutant("division in a helper", REFACTOR, "the per-rank division moved into _kv_heads_per_rank (still "
+              "unconditional)",
+              (INIT_SHAPE, TP_DIVIDES, "    return self._kv_heads_per_rank(num_heads, head_dim, tp_size)\n\n\n"
+                                       "def _kv_heads_per_rank(self, num_heads, head_dim, tp_size):\n" + TP_DIVIDES)),
+    tp_mutant("divided only for sharded k/v", DEVICE, "the upstream fix (5.20.2): the heads divided only for a "
+              "colwise key projection",
+              (INIT_SHAPE, TP_DIVIDES, '    if tp_size > 1 and any(key.endswith("k_proj") and style == "colwise" '
+                                       'for key, style in (getattr(self, "tp_plan", None) or {}).items()):\n'),
+              keeps_bug=False),
+)
+
 # What each mutant gives today: a detection made more general shows here as a row that moved to "repaired" (and a
 # regression as one that moved away); "worse than stock" is never expected.
 EXPECTED = {
@@ -582,6 +704,17 @@ EXPECTED = {
     "transformers: grid renamed": REPAIRED,
     "transformers: functional gather": FAILED_AS_STOCK,
     "transformers: forward reconciles every device": FIXED_UPSTREAM,
+    "static cache: as it ships": REPAIRED,
+    "static cache: prepare gains a keyword": REPAIRED,
+    "static cache: is_first_iteration through kwargs": REPAIRED,
+    "static cache: moved into a helper": REPAIRED,
+    "static cache: the move names its keys": REPAIRED,
+    "static cache: nested inputs moved": FIXED_UPSTREAM,
+    "static cache: masks built on the model device": FIXED_UPSTREAM,
+    "static cache: init shape renamed": MISSED,
+    "static cache: init shape takes the TP size": REPAIRED,
+    "static cache: division in a helper": REPAIRED,
+    "static cache: divided only for sharded k/v": FIXED_UPSTREAM,
 }
 
 
@@ -598,13 +731,35 @@ def outcome(record: dict, keeps_bug: bool = False) -> str:
     if state == "needed" and keeps_bug:
         if "error" not in pack and pack["diff"] <= DIFF_TOLERANCE:
             return REPAIRED
-        return MISSED if "error" in stock and pack.get("error") == stock["error"] else WORSE
+        as_stock = pack.get("error") == stock["error"] if "error" in stock else pack.get("equal_stock") is True
+        return MISSED if as_stock else WORSE
     same = (pack.get("error") == stock.get("error") and pack.get("equal_stock") is not False
             and pack["h2d"] <= stock["h2d"])
     if not same:
         return WORSE
     # "needed" on a mutant without the bug: the pack attached, and must change nothing
     return FAILED_AS_STOCK if state == "failed" else MISSED if keeps_bug else FIXED_UPSTREAM
+
+
+def records_of(done: subprocess.CompletedProcess, mutants: list[Mutant], where: str) -> list[dict]:
+    """The ``MUTANT`` lines a runner printed, one per mutant, or a RuntimeError with the runner's output."""
+    records = [json.loads(line.removeprefix("MUTANT ")) for line in done.stdout.splitlines()
+               if line.startswith("MUTANT ")]
+    if done.returncode != 0 or len(records) != len(mutants):
+        raise RuntimeError(f"mutant runs {where} ended with {done.returncode}:\n{done.stdout[-4000:]}\n"
+                           f"{done.stderr[-6000:]}")
+    return records
+
+
+def run_on_transformers(mutants: list[Mutant]) -> list[dict]:
+    """Runs core-less ``mutants`` (hotfix_testing/static_cache_mutants.py) in one process of this Python, with this
+    process's PYTHONPATH (a transformers tier's overlay first) and the tests' import path."""
+    from hotfix_testing import child_pythonpath
+
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH"))}
+    done = subprocess.run([sys.executable, "-m", "hotfix_testing.static_cache_mutants", *(m.name for m in mutants)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    return records_of(done, mutants, "on this transformers")
 
 
 CPU_SCENARIOS = {"music3_graphs", "music3_graphs_gguf"}  # the emulated capture's rules need the CPU's own torch
@@ -623,10 +778,5 @@ def run_on_core(comfyui_env_python: str, tree: Path, mutants: list[Mutant]) -> l
            "MINIMAX_HOTFIX_MUTANTS_DEVICE": "simulated" if on_device == {True} else "cpu"}
     done = subprocess.run([comfyui_env_python, str(HERE / "mutant_runs.py"), str(tree), *(m.name for m in mutants)],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=900, check=False)
-    records = [json.loads(line.removeprefix("MUTANT ")) for line in done.stdout.splitlines()
-               if line.startswith("MUTANT ")]
-    if done.returncode != 0 or len(records) != len(mutants):
-        raise RuntimeError(f"mutant runs on {tree} ended with {done.returncode}:\n{done.stdout[-4000:]}\n"
-                           f"{done.stderr[-6000:]}")
-    return records
+    return records_of(done, mutants, f"on {tree}")
 
