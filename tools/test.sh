@@ -7,7 +7,8 @@
 #      once per tests/requirements-transformers-<version>.txt with that transformers first on the path
 #      (`pytest --transformers <version>`: the tests marked for it);
 #   2. "with ComfyUI": in .venv-comfyui, built from that ComfyUI's own requirements.txt (plus the torch/torchvision
-#      pair below and tests/requirements-comfyui.txt), with COMFYUI_PATH at
+#      pair below and tests/requirements-comfyui.txt), as two pytest processes at once (the e2e tests, the rest),
+#      with COMFYUI_PATH at
 #        - $COMFYUI_PATH when set (used in place), else
 #        - a temporary copy of ../shared/comfyui/0.33.0 beside the checkout, when it exists;
 #   3. "simulated cores": each core of tests/hotfix_testing/simulated_cores.py built from ../shared/comfyui and run in its own
@@ -117,10 +118,21 @@ if [ -n "$comfy" ]; then
   cat "$logs/build.txt"
   seconds["building .venv-comfyui (beside run 1)"]=$(cat "$logs/build.seconds")
   if [ "$built" -eq 0 ]; then
+    # Two pytest processes at once, each printed whole when it ends: the end-to-end tests (marker e2e: they share
+    # their servers) and the rest. On two cores they overlap well: most tests wait on a subprocess or run one thread.
     # -m "not stdlib": run 1 ran those, and nothing they use differs here; --durations: where its time goes (CI time)
-    run_with() { COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs --durations=25 -m "not stdlib" "$@" 2>&1 \
-      | tee "$logs/with.txt"; \
-      return "${PIPESTATUS[0]}"; }
+    run_half() {  # run_half NAME MARKER-EXPRESSION [pytest arguments]
+      local name=$1 marks=$2; shift 2
+      COMFYUI_PATH=$comfy .venv-comfyui/bin/python -m pytest -rs --durations=15 -m "not stdlib and ($marks)" "$@" \
+        > "$logs/with-$name.txt" 2>&1
+      local rc=$?; [ "$rc" -eq 5 ] && rc=0  # 5: the arguments selected none of its tests
+      echo "== run 2, $name: exit $rc"; cat "$logs/with-$name.txt"; return "$rc"
+    }
+    run_with() {
+      run_half "end to end" "e2e" "$@" & local e2e=$!
+      run_half "the rest" "not e2e" "$@"; local rest=$?
+      wait "$e2e" && [ "$rest" -eq 0 ]
+    }
     timed "with ComfyUI" run_with "$@" || status=1
     if [ -d "$shared_comfyui" ]; then
       echo "== run 3: simulated cores, built from $shared_comfyui (.venv-comfyui)"
@@ -129,7 +141,8 @@ if [ -n "$comfy" ]; then
       timed "simulated cores" run_cores "$@" || status=1
     fi
   else
-    echo "could not build .venv-comfyui from $comfy/requirements.txt" | tee "$logs/with.txt"
+    echo "could not build .venv-comfyui from $comfy/requirements.txt" | tee "$logs/with-end to end.txt" \
+      "$logs/with-the rest.txt"
     status=1
   fi
 fi
@@ -142,7 +155,9 @@ for log in "$logs"/transformers-*.txt; do
   [ -e "$log" ] && printf '%-19s%s\n' "$(basename "$log" .txt | tr - ' '):" "$(summary "$log")"
 done
 if [ -n "$comfy" ]; then
-  echo "with ComfyUI:    $(summary "$logs/with.txt")"
+  for half in "end to end" "the rest"; do
+    printf '%s %s\n' "with ComfyUI, $half:" "$(summary "$logs/with-$half.txt")"
+  done
   [ -f "$logs/cores.txt" ] && echo "simulated cores: $(tail -n 1 "$logs/cores.txt")" \
     && grep -E '^== simulated core .*: (passed|FAILED) in' "$logs/cores.txt" | sed 's/^== /  /'
 elif [ "$fast" -eq 1 ]; then
