@@ -21,12 +21,11 @@ from hotfix_testing.mutated_cores import (
     WORSE,
 )
 from hotfix_testing.mutated_cores import outcome as outcome_of
+from minimax_hotfix import registry as pack_registry
 
 MUTANTS_PER_FIX = 8
-# the fixes with mutants; the others, with why, are in docs/testing.md ("Mutated cores")
-MUTATED_FIXES = {"vae_qk_norm_scale", "qwen3vl_pos_embed", "qwen3vl_rotary_table", "int8_full_precision_mm",
-                 "ck_rope_device", "music3_graph_buffers", "music3_graph_capture", "cpu_device_cuda_query",
-                 "transformers_qwen3vl_pos_embed", "transformers_static_cache"}
+# every fix has its mutants: a new fix without them fails here
+MUTATED_FIXES = set(pack_registry.all_fixes())
 # the mutants of a simulated core run in the ComfyUI run; the core-less ones (transformers_static_cache) in the run of
 # their transformers tier, without ComfyUI
 CORE_MUTANTS = [mutant for mutant in MUTANTS if mutant.core]
