@@ -36,8 +36,10 @@ import comfy.model_patcher  # noqa: E402
 import torch  # noqa: E402
 
 from hotfix_testing import mutated_cores  # noqa: E402
+from hotfix_testing.mutated_cores import compared  # noqa: E402
 from hotfix_testing.registry_state import forget_detection  # noqa: E402
 from minimax_hotfix import registry  # noqa: E402
+from minimax_hotfix.contract import error_line  # noqa: E402
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
 NPU = torch.device("npu", 0) if ON_DEVICE else None
@@ -85,10 +87,6 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
                 setattr(sys.modules[parent_name], leaf, attribute)
 
 
-def first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
-
 def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: float) -> dict:
     """``run(model, device)`` on ``build()`` loaded by ComfyUI's ModelPatcher onto npu:0 with ``resident_fraction``
     of its weights resident, with the pack's fixes for ``target`` attached or not."""
@@ -106,7 +104,7 @@ def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: floa
         out = run(model, NPU)
         result = {"output": out.to(CPU)}
     except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
-        result = {"error": first_line(exc)}
+        result = {"error": error_line(exc)}
     finally:
         patcher.unpatch_model(CPU)
         if with_pack and target == PROCESS:
@@ -126,30 +124,9 @@ def scenario_outcome(scenario) -> dict:
     try:
         reference = (reference_run[0] if reference_run else run)(build(), CPU)
     except Exception as exc:  # noqa: BLE001  (a mutant that breaks the core itself tests nothing)
-        return {"invalid": f"the CPU reference run fails: {first_line(exc)}"}
-    outcome = {}
-    for label, with_pack in (("stock", False), ("pack", True)):
-        result = run_loaded(build, run, with_pack, target, fraction)
-        output = result.pop("output", None)
-        result["diff"] = None if output is None else (output - reference).abs().max().item()
-        result["equal_stock"] = None
-        outcome[label] = result | {"tensor": output}
-    stock, pack = outcome["stock"].pop("tensor"), outcome["pack"].pop("tensor")
-    if stock is not None and pack is not None:
-        outcome["pack"]["equal_stock"] = bool(torch.equal(stock, pack))
-    return outcome
-
-
-class Problems(logging.Handler):
-    """Log records of level WARNING and up, or carrying a traceback, while ComfyUI loads the pack."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.found = []
-
-    def emit(self, record):
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.found.append(f"{record.name}: {record.getMessage()[:300]}")
+        return {"invalid": f"the CPU reference run fails: {error_line(exc)}"}
+    return compared({label: run_loaded(build, run, with_pack, target, fraction)
+                     for label, with_pack in (("stock", False), ("pack", True))}, reference)
 
 
 def start_pack() -> dict:
@@ -166,7 +143,7 @@ def start_pack() -> dict:
 
     drop_copy()
     stock = set(nodes.NODE_CLASS_MAPPINGS)
-    problems = Problems()
+    problems = mutated_cores.Problems()
     logging.getLogger().addHandler(problems)
     try:
         loaded = asyncio.run(nodes.load_custom_node(str(PACK_ROOT), ignore=stock))
@@ -188,7 +165,7 @@ def run_mutant(tree: Path, mutant: mutated_cores.Mutant) -> dict:
         try:
             stack.enter_context(mutated_modules(tree, mutant))
         except Exception as exc:  # noqa: BLE001
-            record["core_error"] = first_line(exc)
+            record["core_error"] = error_line(exc)
             return record
         forget_detection(registry)
         try:
@@ -312,7 +289,7 @@ def music3_graphs(mutant, gguf_layer: bool = False) -> dict:
         try:
             return {"output": generate(encoder, graphs, enabled), "attached": attached}
         except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
-            return {"error": first_line(exc), "attached": attached}
+            return {"error": error_line(exc), "attached": attached}
         finally:
             comfy.model_management.unload_all_models()
             if with_pack:
@@ -345,7 +322,7 @@ def cuda_queries(mutant) -> dict:
             return {"output": torch.tensor([bool(on_machine(f, nvidia)(cpu)) for f in functions]),
                     "attached": installed}
         except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
-            return {"error": first_line(exc), "attached": installed}
+            return {"error": error_line(exc), "attached": installed}
         finally:
             if with_pack:
                 registry.uninstall_process_fixes()
@@ -379,7 +356,7 @@ def transformers_tower(mutant) -> dict:
             return {"output": torch.cat([output.to(CPU).flatten() for output in outputs(result)]),
                     "attached": attached}
         except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
-            return {"error": first_line(exc), "attached": attached}
+            return {"error": error_line(exc), "attached": attached}
         finally:
             if with_pack:
                 api.detach_from_transformers_model(tower)
@@ -388,17 +365,6 @@ def transformers_tower(mutant) -> dict:
     if "error" in reference:
         return {"invalid": f"the CPU reference run fails: {reference['error']}"}
     return compared({"stock": run(NPU, False), "pack": run(NPU, True)}, reference["output"])
-
-
-def compared(runs: dict, reference: torch.Tensor) -> dict:
-    """Stock and pack runs (``output`` or ``error``) against the reference, as ``scenario_outcome`` reports them."""
-    outputs = {label: result.pop("output", None) for label, result in runs.items()}
-    outcome = {label: {**result, "h2d": 0, "equal_stock": None, "diff": None if outputs[label] is None
-                       else (outputs[label].float() - reference.float()).abs().max().item()}
-               for label, result in runs.items()}
-    if outputs["stock"] is not None and outputs["pack"] is not None:
-        outcome["pack"]["equal_stock"] = bool(torch.equal(outputs["stock"], outputs["pack"]))
-    return outcome
 
 
 OWN_RUNS = {"transformers_tower": transformers_tower, "cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}

@@ -25,6 +25,7 @@ import functools
 import importlib
 import inspect
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -739,6 +740,30 @@ def outcome(record: dict, keeps_bug: bool = False) -> str:
         return WORSE
     # "needed" on a mutant without the bug: the pack attached, and must change nothing
     return FAILED_AS_STOCK if state == "failed" else MISSED if keeps_bug else FIXED_UPSTREAM
+
+
+def compared(runs: dict, reference) -> dict:
+    """Stock and pack runs (``output`` or ``error``; ``h2d``, 0 where a run does not measure it) against the
+    reference output: each run's largest difference from it, and whether pack computed exactly what stock did."""
+    outputs = {label: result.pop("output", None) for label, result in runs.items()}
+    outcome = {label: {"h2d": 0, **result, "equal_stock": None, "diff": None if outputs[label] is None
+                       else (outputs[label].float() - reference.float()).abs().max().item()}
+               for label, result in runs.items()}
+    if outputs["stock"] is not None and outputs["pack"] is not None:
+        outcome["pack"]["equal_stock"] = bool(outputs["stock"].equal(outputs["pack"]))
+    return outcome
+
+
+class Problems(logging.Handler):
+    """Log records of level ERROR and up, or carrying a traceback, while the pack loads or installs its fixes."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.found = []
+
+    def emit(self, record):
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.found.append(f"{record.name}: {record.getMessage()[:300]}")
 
 
 def records_of(done: subprocess.CompletedProcess, mutants: list[Mutant], where: str) -> list[dict]:

@@ -31,6 +31,7 @@ from hotfix_testing import mutated_cores
 from hotfix_testing.generate_on_simulated_device import GENERATE, PADDED, PROMPT, TINY_MODELS, simulated_accelerator
 from hotfix_testing.registry_state import forget_detection
 from minimax_hotfix import registry
+from minimax_hotfix.contract import error_line
 from minimax_hotfix.patches import transformers_static_cache as shim
 
 WORK = Path(tempfile.mkdtemp(prefix="static-cache-mutants-"))
@@ -38,10 +39,6 @@ CPU = torch.device("cpu")
 TP_SIZE = 2
 GATHERED_KV = {"model.layers.*.self_attn.k_proj": "colwise_gather_output",
                "model.layers.*.self_attn.v_proj": "colwise_gather_output"}
-
-
-def first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
 
 def early_cache_heads(tensor_parallel: bool) -> int:
@@ -70,21 +67,9 @@ def seed_003(scenario: str, device: torch.device, accelerator) -> dict:
     try:
         result = {"output": SCENARIOS[scenario](device)}
     except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
-        result = {"error": first_line(exc)}
+        result = {"error": error_line(exc)}
     result["h2d"] = sum(nbytes for _, nbytes in accelerator.host_to_device().values())
     return result
-
-
-class Problems(logging.Handler):
-    """Log records of level ERROR and up, or carrying a traceback, while the pack installs its fixes."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.found = []
-
-    def emit(self, record):
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.found.append(f"{record.name}: {record.getMessage()[:300]}")
 
 
 def run_mutant(mutant: mutated_cores.Mutant, accelerator, device: torch.device) -> dict:
@@ -93,7 +78,7 @@ def run_mutant(mutant: mutated_cores.Mutant, accelerator, device: torch.device) 
         try:
             stack.enter_context(mutated_cores.functions_edited(mutant, WORK / str(len(list(WORK.iterdir())))))
         except Exception as exc:  # noqa: BLE001
-            record["core_error"] = first_line(exc)
+            record["core_error"] = error_line(exc)
             return record
         registry.uninstall_process_fixes()
         shim.FIX._verdict = None  # detected afresh on this mutant
@@ -111,7 +96,7 @@ def run_mutant(mutant: mutated_cores.Mutant, accelerator, device: torch.device) 
             record["invalid"] = f"the CPU reference run fails: {reference['error']}"
             return record
         runs = {"stock": seed_003(mutant.scenario, device, accelerator)}
-        problems = Problems()
+        problems = mutated_cores.Problems()
         logging.getLogger().addHandler(problems)
         try:
             attached = registry.install_process_fixes()
@@ -122,13 +107,7 @@ def run_mutant(mutant: mutated_cores.Mutant, accelerator, device: torch.device) 
         finally:
             registry.uninstall_process_fixes()
             logging.getLogger().removeHandler(problems)
-        outputs = {label: run.pop("output", None) for label, run in runs.items()}
-        for label, run in runs.items():
-            run["equal_stock"] = None
-            run["diff"] = None if outputs[label] is None else (outputs[label] - reference["output"]).abs().max().item()
-        if outputs["stock"] is not None and outputs["pack"] is not None:
-            runs["pack"]["equal_stock"] = bool(torch.equal(outputs["stock"], outputs["pack"]))
-        record.update(runs)
+        record.update(mutated_cores.compared(runs, reference["output"]))
         record["startup"] = {"problems": problems.found}
     return record
 
