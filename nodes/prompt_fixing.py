@@ -32,6 +32,7 @@ from ..registry.prompt_fixing import (
 )
 
 PROMPT_PATHS = ("/prompt", "/api/prompt")
+REGISTERED_AS = "minimax_hotfix.prompt_fixing"  # what the handlers are known by, whichever copy of the pack added them
 EXCEPTION_LINE = "!!! Exception during processing !!! "
 
 # The setting of the user whose POST /prompt is being served (None: not known), per request.
@@ -67,6 +68,9 @@ def on_prompt(body):
     return PROMPT_FIXING.fixed_body(body, _queuing_user_setting.get())
 
 
+on_prompt.registered_as = REGISTERED_AS
+
+
 class KnownErrorLog(logging.Handler):
     """Names a known error's fix and the switch under ComfyUI's own exception log, once per failed prompt."""
 
@@ -92,14 +96,28 @@ class KnownErrorLog(logging.Handler):
             self._failing.message = None
 
 
+def registered(handlers) -> bool:
+    """Whether one of ``handlers`` (the root logger's, the server's on-prompt handlers) is the pack's: a second load
+    of the pack in one process (a second folder, a reload) must not add a second of each."""
+    return any(REGISTERED_AS in (getattr(handler, "name", None), getattr(handler, "registered_as", None))
+               for handler in handlers)
+
+
 def register_prompt_fixing() -> None:
-    """Hooks server-side fixing into ComfyUI's server; logs and goes on where it cannot (never breaks start-up)."""
-    logging.getLogger().addHandler(KnownErrorLog())
+    """Hooks server-side fixing into ComfyUI's server, once per process; logs and goes on where it cannot (never
+    breaks start-up)."""
+    root = logging.getLogger()
+    if not registered(root.handlers):
+        known_error_log = KnownErrorLog()
+        known_error_log.set_name(REGISTERED_AS)
+        root.addHandler(known_error_log)
     try:
         from aiohttp import web
         from server import PromptServer
 
         server = PromptServer.instance
+        if registered(getattr(server, "on_prompt_handlers", ())):
+            return
         server.add_on_prompt_handler(on_prompt)
     except Exception as exc:  # noqa: BLE001
         log.warning("MiniMax Hotfix: server-side fixing unavailable: %s", exc)

@@ -142,3 +142,40 @@ def test_the_status_table_says_how_server_side_fixing_is_switched(monkeypatch):
     monkeypatch.setenv(FIX_EVERY_PROMPT_ENV, "1")
     table = status_table()
     assert f"server-side fixing  on for every prompt ({FIX_EVERY_PROMPT_ENV});" in table, table
+
+
+def test_a_machine_note_follows_the_startup_hint(monkeypatch, caplog):
+    from minimax_hotfix import registry
+
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    fix = registry.all_fixes()["int8_full_precision_mm"]
+    monkeypatch.setattr(prompt_fixing, "needed_model_fixes", lambda: [fix.id])
+    with caplog.at_level(logging.INFO, logger="minimax_hotfix"):
+        prompt_fixing.startup_hint()  # red control: a fix with nothing to say about this machine
+        monkeypatch.setattr(fix, "machine_note", lambda: "this machine runs it slowly")
+        prompt_fixing.startup_hint()
+    notes = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert notes == [f"MiniMax Hotfix: {fix.id}: this machine runs it slowly"]
+
+
+def test_registering_twice_adds_each_handler_once(comfyui, monkeypatch):
+    import sys
+    import types
+
+    from minimax_hotfix.nodes import prompt_fixing as nodes_prompt_fixing
+
+    server = types.SimpleNamespace(on_prompt_handlers=[], app=types.SimpleNamespace(middlewares=[], on_startup=[]))
+    server.add_on_prompt_handler = server.on_prompt_handlers.append
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=server)))
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [h for h in root.handlers
+                                           if not nodes_prompt_fixing.registered([h])])
+    nodes_prompt_fixing.register_prompt_fixing()
+    first = (len(root.handlers), len(server.on_prompt_handlers), len(server.app.middlewares),
+             len(server.app.on_startup))
+    nodes_prompt_fixing.register_prompt_fixing()
+    again = (len(root.handlers), len(server.on_prompt_handlers), len(server.app.middlewares),
+             len(server.app.on_startup))
+    assert first[1:] == (1, 1, 1) and again == first
+    assert nodes_prompt_fixing.registered(root.handlers)
+    assert not nodes_prompt_fixing.registered([logging.NullHandler(), len])  # red control: others are not the pack's
