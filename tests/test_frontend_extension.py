@@ -233,3 +233,38 @@ def test_screenshots_of_the_menu_entry_and_of_a_swapped_workflow(page, tmp_path)
     if os.environ.get("MINIMAX_HOTFIX_UPDATE_SCREENSHOTS") == "1":
         for name, path in shots.items():
             shutil.copyfile(path, PACK_ROOT / "docs" / name)
+
+
+TRACKER_FIELDS = ("undoQueue", "activeState", "_restoringState")
+NOT_ONE_STEP = "may not be one undo step"
+# The toasts the extension sends from now on, kept on the page (the toast service renders them its own way per frontend)
+RECORD_TOASTS = (f"(() => {{ const toast = {APP}.extensionManager.toast; window.minimaxHotfixToasts = []; "
+                 "if (!toast.recordedAdd) { toast.recordedAdd = toast.add; "
+                 "toast.add = (message) => { window.minimaxHotfixToasts.push(message); "
+                 "return toast.recordedAdd(message); }; } })()")
+SAID = f"window.minimaxHotfixToasts.some(m => String(m.detail).includes({json.dumps(NOT_ONE_STEP)}))"
+
+
+def _renamed_tracker_fields(page, renamed: bool) -> None:
+    """Renames (or names back) the change tracker's private fields the extension reads, as a frontend might."""
+    tracker = f"{APP}.extensionManager.workflow.activeWorkflow.changeTracker"
+    moves = [(name, f"{name}Renamed") if renamed else (f"{name}Renamed", name) for name in TRACKER_FIELDS]
+    page.evaluate("(() => { const t = " + tracker + "; "
+                  + " ".join(f"t['{new}'] = t['{old}']; delete t['{old}'];" for old, new in moves) + " })()")
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["the frontend's own tracker", "tracker fields renamed"])
+def test_the_swap_says_plainly_when_it_cannot_be_one_undo_step(page, renamed):
+    browser, _, frontend = page
+    _load(browser, _bundled_stock("MiniMax Music 3"))
+    browser.evaluate(RECORD_TOASTS)
+    if renamed:
+        _renamed_tracker_fields(browser, True)
+    try:
+        browser.evaluate(FIX)
+        swapped = _export(browser)
+    finally:
+        if renamed:
+            _renamed_tracker_fields(browser, False)
+    assert any(node["type"].startswith("MiniMaxHotfix") for node in swapped["nodes"]), "the swap ran"
+    assert browser.evaluate(SAID) is renamed, (frontend, browser.evaluate("window.minimaxHotfixToasts"))

@@ -13,6 +13,8 @@ const REVERSE_COMMAND = "MiniMaxHotfix.ReverseWorkflow";
 const EXPLAIN_SETTING = "MiniMaxHotfix.ExplainKnownErrors";
 const FIX_EVERY_RUN_SETTING = "MiniMaxHotfix.FixEveryRun";  // registry/prompt_fixing.py reads it per user
 const NOTICE_ID = "minimax-hotfix-known-error";
+const NOT_ONE_UNDO_STEP = "this frontend's undo history could not be reached, so the change may not be one undo step: "
+  + "to go back, use \"Undo MiniMax Hotfix in this workflow (back to stock loaders)\"";
 
 function applyType(node) {
   // The Apply node type this node's outputs need, or null: an output of MODEL/CLIP/VAE without an input of that type.
@@ -30,30 +32,46 @@ function toast(severity, summary, detail) {
   app.extensionManager.toast.add({ severity, summary, detail, life: 6000 });
 }
 
+function trackerWeKnow(tracker) {
+  // The change tracker keeps its history in fields the frontend does not publish (undoQueue, redoQueue, activeState,
+  // _restoringState): where a frontend renamed them, the swap cannot be made one undo step and says so.
+  return !!tracker && typeof tracker.captureCanvasState === "function" && Array.isArray(tracker.undoQueue)
+    && Array.isArray(tracker.redoQueue) && "activeState" in tracker && "_restoringState" in tracker;
+}
+
 async function loadAsOneStep(workflow, graph) {
   // Loads `graph` into the open workflow the way the frontend's own undo/redo does (ChangeTracker.updateState):
   // with the tracker marked as restoring, the load keeps the tracker's history and state instead of resetting
-  // them; capturing afterwards makes the whole change one undo step and marks the workflow modified.
+  // them; capturing afterwards makes the whole change one undo step and marks the workflow modified. Returns whether
+  // the change is one undo step.
   const tracker = workflow?.changeTracker;
-  tracker?.captureCanvasState();
-  const before = tracker?.activeState;
-  const steps = tracker?.undoQueue?.length;
-  if (tracker) tracker._restoringState = true;
-  try {
-    await app.loadGraphData(graph, false, false, workflow, { checkForRerouteMigration: false });
-  } finally {
-    if (tracker) tracker._restoringState = false;
+  const options = { checkForRerouteMigration: false };
+  if (!trackerWeKnow(tracker)) {
+    await app.loadGraphData(graph, false, false, workflow, options);
+    return false;
   }
-  tracker?.captureCanvasState();
+  tracker.captureCanvasState();
+  const before = tracker.activeState;
+  const steps = tracker.undoQueue.length;
+  tracker._restoringState = true;
+  try {
+    await app.loadGraphData(graph, false, false, workflow, options);
+  } finally {
+    tracker._restoringState = false;
+  }
+  tracker.captureCanvasState();
   // Newer frontends (1.58) skip that capture while their load is still settling and then take the loaded graph as
   // the current state without an undo step (a debounced squashState): the step is recorded here instead.
-  if (!tracker || before === undefined || tracker.undoQueue?.length !== steps) return;
-  const now = JSON.parse(JSON.stringify(app.rootGraph.serialize()));
-  if (JSON.stringify(now) === JSON.stringify(before)) return;
-  tracker.undoQueue.push(before);
-  tracker.redoQueue.length = 0;
-  tracker.activeState = now;
-  tracker.updateModified?.(before);
+  if (before !== undefined && tracker.undoQueue.length === steps) {
+    const now = JSON.parse(JSON.stringify(app.rootGraph.serialize()));
+    if (JSON.stringify(now) !== JSON.stringify(before)) {
+      tracker.undoQueue.push(before);
+      tracker.redoQueue.length = 0;
+      tracker.activeState = now;
+      tracker.updateModified?.(before);
+    }
+  }
+  return tracker.undoQueue.length === steps + 1;
 }
 
 async function runSwap({ reverse = false, only = null } = {}) {
@@ -69,8 +87,9 @@ async function runSwap({ reverse = false, only = null } = {}) {
     toast("error", "MiniMax Hotfix", reply.error ?? `swap failed (${response.status})`);
     return reply;
   }
-  if (reply.changed) await loadAsOneStep(workflow, reply.workflow);
+  const oneStep = !reply.changed || await loadAsOneStep(workflow, reply.workflow);
   const notes = [...reply.warnings];
+  if (!oneStep) notes.push(NOT_ONE_UNDO_STEP);
   if (reply.kept.length) notes.push(`kept, not inserted by MiniMax Hotfix: ${reply.kept.join(", ")}`);
   toast(reply.changed ? "success" : "info", "MiniMax Hotfix", [reply.summary, ...notes].join("\n"));
   return reply;
