@@ -20,7 +20,9 @@ Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build
    (fp32: ``--fp32-text-enc``, since ``--force-fp32`` keeps text encoders on the CPU), at the budgets of
    tests/hotfix_testing/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between prompts;
 3. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
-4. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
+4. benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32 off), plain fp16
+   and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
+5. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
 A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, the budget split the
 models as intended (legacy loader: a partial load logged at the "partial" and "smallest" budgets, except where
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -251,9 +254,10 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
     return rows, failed
 
 
-def music3_part(work: Path) -> tuple[dict, int]:
-    from minimax_hotfix.benchmarks import music3_graph_capture as module
-    figures = work / "music3_graph_capture.json"
+def benchmark_part(name: str, work: Path) -> tuple[dict, int]:
+    """benchmarks/NAME.py's ``main`` at its CUDA defaults: its exit code and its figures."""
+    module = importlib.import_module(f"minimax_hotfix.benchmarks.{name}")
+    figures = work / f"{name}.json"
     status = module.main(["--json", str(figures)])
     return {"exit_code": status, **(json.loads(figures.read_text()) if figures.exists() else {})}, int(status != 0)
 
@@ -283,7 +287,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="minimax-hotfix-gpu-check-") as work:
         for part, run_part in (("scenarios", lambda: scenario_part(args, Path(work))),
                                ("vision_tower", lambda: vision_tower_part(args, Path(work))),
-                               ("music3_graph_capture", lambda: music3_part(Path(work))),
+                               ("music3_graph_capture", lambda: benchmark_part("music3_graph_capture", Path(work))),
+                               ("h3_fp16_overflow", lambda: benchmark_part("h3_fp16_overflow", Path(work))),
                                ("doctor", lambda: doctor_part(args.comfyui))):
             part_started = time.monotonic()
             report[part], part_failed = run_part()

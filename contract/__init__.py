@@ -114,6 +114,15 @@ class Fix:
         """Undo ``attach``. The default covers fixes that attach only injections; others override it."""
         set_injection(patcher, key, None)
 
+    def loaded_by_pack(self, patcher) -> None:
+        """The pack's own loader has just loaded ``patcher``'s model, before ``attach``: a fix may set on the patcher
+        what the stock loader leaves to ComfyUI's defaults (a compute dtype that is safe now). Per-model fixes only."""
+
+    def machine_note(self) -> str | None:
+        """One line about this machine for the start-up log, where what the fix repairs depends on the machine and
+        not only on the core (None: nothing to say)."""
+        return None
+
     def install(self) -> None:
         """Process-wide fixes only: install idempotently."""
 

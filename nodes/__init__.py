@@ -21,7 +21,7 @@ def _patcher(target: Target, obj):
 
 
 def _loaded_with_fixes(target: Target, loaded: tuple) -> tuple:
-    registry.attach_fixes(_patcher(target, loaded[0]), target)
+    registry.attach_fixes(_patcher(target, loaded[0]), target, loaded_by_pack=True)
     return loaded
 
 

@@ -192,14 +192,21 @@ def fixes_for(target: Target) -> list[Fix]:
     return [fix for fix in candidates if target in fix.targets]
 
 
-def attach_fixes(patcher, target: Target) -> list[str]:
-    """Attach every needed fix for ``target`` (VAE, CLIP or MODEL) to ``patcher``; return their ids."""
+def attach_fixes(patcher, target: Target, loaded_by_pack: bool = False) -> list[str]:
+    """Attach every needed fix for ``target`` (VAE, CLIP or MODEL) to ``patcher``; return their ids.
+    ``loaded_by_pack``: the pack's own loader has just loaded it (``Fix.loaded_by_pack``), not an Apply node."""
     attached = []
     for fix in fixes_for(target):
         if status(fix).state != State.NEEDED:
             continue
         key = key_for(fix)
         with _changing:
+            if loaded_by_pack:
+                try:
+                    fix.loaded_by_pack(patcher)
+                except Exception as exc:  # the model is loaded: its load-time choice is an improvement, never a must
+                    log.warning("MiniMax Hotfix: %s left the loaded model as ComfyUI loaded it: %s", fix.id,
+                                error_line(exc))
             fix.detach(patcher, key)
             fix.attach(patcher, key)
         log.info("MiniMax Hotfix: %s attached to %s (%s patcher %s)", fix.id, type(getattr(patcher, "model", None)).__name__,

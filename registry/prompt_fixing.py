@@ -123,6 +123,10 @@ def startup_hint() -> None:
         log.info("MiniMax Hotfix: needed on this machine: %s. They reach a prompt through the pack's loaders; a "
                  "workflow with the stock loaders does not get them unless you %s", ", ".join(needed),
                  how_to_switch_on())
+    for fix_id in needed:
+        note = all_fixes()[fix_id].machine_note()
+        if note:
+            log.warning("MiniMax Hotfix: %s: %s", fix_id, note)
 
 
 def failure_hint(message: str, traceback: str, through_pack: bool) -> str | None:

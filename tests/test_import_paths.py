@@ -26,7 +26,7 @@ ALLOWED = {
     "tools/doctor.py": (1, RUN_BY_PATH),
     "tools/swap_loaders.py": (1, RUN_BY_PATH),
     **{f"benchmarks/{name}.py": (1, RUN_BY_PATH) for name in (
-        "gpu_check", "int8_full_precision_mm", "music3_graph_capture", "prompt_fixing", "qwen3vl_pos_embed",
+        "gpu_check", "h3_fp16_overflow", "int8_full_precision_mm", "music3_graph_capture", "prompt_fixing", "qwen3vl_pos_embed",
         "qwen3vl_rotary_table", "vae_qk_norm_scale")},
     "diagnostics/comfyui_checkout.py": (1, "use_comfyui_checkout(): ComfyUI is no package, its checkout goes on the "
                                            "path (the doctor, the audit, the benchmarks and the tests' one way)"),

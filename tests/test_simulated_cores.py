@@ -16,7 +16,7 @@ NEEDED, FIXED, NOT_APPLICABLE, NOT_AFFECTED = "needed", "fixed upstream", "not a
 ON_0_33_0 = {"ck_rope_device": NEEDED, "cpu_device_cuda_query": NEEDED, "transformers_qwen3vl_pos_embed": NEEDED,
              "transformers_static_cache": FIXED, "music3_graph_capture": NEEDED, "qwen3vl_pos_embed": NEEDED,
              "qwen3vl_rotary_table": NEEDED, "int8_full_precision_mm": NEEDED, "music3_graph_buffers": NOT_AFFECTED,
-             "vae_qk_norm_scale": NOT_APPLICABLE}
+             "vae_qk_norm_scale": NOT_APPLICABLE, "h3_fp16_overflow": NEEDED}
 STATUS = {
     "0.33.0": ON_0_33_0,
     "0.36/0.37 VAE": {**ON_0_33_0, "vae_qk_norm_scale": NEEDED},

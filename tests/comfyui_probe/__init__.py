@@ -10,6 +10,9 @@
   amplifies the sampled latent's last-bit differences far beyond any tolerance.
 * ``POST /probe/unload_models`` ``{"free_memory": bool}``: what the ``/free`` route asks of the prompt worker,
   returned once the worker has taken the request, so the next prompt starts with nothing loaded.
+* ``POST /probe/load_args`` ``{"fp16_unet": bool}``: a command-line option that ComfyUI reads only when it loads a
+  model (``LOAD_ARGS``), set on the running server: every model loaded after it is loaded as in a server started
+  with (or without) that option, so that one server shows both.
 """
 
 import asyncio
@@ -23,6 +26,7 @@ import folder_paths
 import server
 import torch
 from aiohttp import web
+from comfy.cli_args import args
 from safetensors.torch import save_file
 
 # loaded from its file: the server's path holds ComfyUI, not the tests (tests/hotfix_testing/synthetic_models.py)
@@ -101,6 +105,21 @@ async def unload_models(request):
         with queue.mutex:  # a notify reaches the worker only while it waits on the queue: again until it is taken
             queue.not_empty.notify()
     return web.json_response({"taken": False}, status=504)
+
+
+# ComfyUI's options (``comfy.cli_args.args``) read at each model load and nowhere at start-up: ``--fp16-unet`` by
+# ``comfy.model_management.unet_dtype`` alone
+LOAD_ARGS = {"fp16_unet"}
+
+
+@server.PromptServer.instance.routes.post("/probe/load_args")
+async def set_load_args(request):
+    body = await request.json()
+    if not set(body) <= LOAD_ARGS:
+        return web.json_response({"not read at load": sorted(set(body) - LOAD_ARGS)}, status=400)
+    for name, value in body.items():
+        setattr(args, name, bool(value))
+    return web.json_response({name: getattr(args, name) for name in LOAD_ARGS})
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}

@@ -1,5 +1,6 @@
 """Runs the mutants of hotfix_testing/mutated_cores.py in one Python process, on the simulated accelerator or, for
-scenarios that need the CPU's own rules (Music 3's emulated graph capture), on the CPU alone: started by
+scenarios that need the CPU's own rules (Music 3's emulated graph capture) or gain nothing from the device but time
+(H3 in fp16), on the CPU alone: started by
 ``mutated_cores.run_on_core`` with one simulated core's tree (and the simulated device's folder) on ``PYTHONPATH``
 (installing the device patches torch for the whole process, so this never runs beside other tests).
 
@@ -44,6 +45,7 @@ from minimax_hotfix.contract import error_line  # noqa: E402
 PACK_ROOT = Path(__file__).resolve().parents[2]
 NPU = torch.device("npu", 0) if ON_DEVICE else None
 CPU = torch.device("cpu")
+LOAD_DEVICE = NPU or CPU  # where run_loaded loads a model: the CPU in a run of CPU scenarios
 WORK = Path(tempfile.mkdtemp(prefix="mutants-"))
 PROCESS = "process"  # a scenario's target for the process-wide fixes, installed as ComfyUI's start-up installs them
 
@@ -88,20 +90,22 @@ def mutated_modules(tree: Path, mutant: mutated_cores.Mutant):
 
 
 def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: float) -> dict:
-    """``run(model, device)`` on ``build()`` loaded by ComfyUI's ModelPatcher onto npu:0 with ``resident_fraction``
-    of its weights resident, with the pack's fixes for ``target`` attached or not."""
+    """``run(model, device)`` on ``build()`` loaded by ComfyUI's ModelPatcher onto npu:0 (the CPU, in a run of CPU
+    scenarios) with ``resident_fraction`` of its weights resident, the rest cast per call as in lowvram, with the
+    pack's fixes for ``target`` attached or not."""
     model = build()
-    patcher = comfy.model_patcher.ModelPatcher(model, load_device=NPU, offload_device=CPU)
+    patcher = comfy.model_patcher.ModelPatcher(model, load_device=LOAD_DEVICE, offload_device=CPU)
     if target == PROCESS:
         attached = registry.install_process_fixes() if with_pack else []
     else:
         attached = registry.attach_fixes(patcher, target) if with_pack else []
     size = comfy.model_management.module_size(model)
-    import simulated_accelerator
-    simulated_accelerator.reset_counters()
+    accelerator = sys.modules.get("simulated_accelerator")  # absent in a run of CPU scenarios: no bus to count
+    if accelerator:
+        accelerator.reset_counters()
     try:
-        patcher.patch_model(device_to=NPU, lowvram_model_memory=max(1, int(size * resident_fraction)))
-        out = run(model, NPU)
+        patcher.patch_model(device_to=LOAD_DEVICE, lowvram_model_memory=max(1, int(size * resident_fraction)))
+        out = run(model, LOAD_DEVICE)
         result = {"output": out.to(CPU)}
     except Exception as exc:  # noqa: BLE001  (the outcome of the run is what is measured)
         result = {"error": error_line(exc)}
@@ -111,10 +115,15 @@ def run_loaded(build, run, with_pack: bool, target: str, resident_fraction: floa
             registry.uninstall_process_fixes()
         elif with_pack:
             registry.detach_fixes(patcher, target)
-    h2d = simulated_accelerator.host_to_device()
-    result["h2d"] = sum(nbytes for _, nbytes in h2d.values())
+    result["h2d"] = sum(nbytes for _, nbytes in accelerator.host_to_device().values()) if accelerator else 0
     result["attached"] = attached
     return result
+
+
+def stock_and_pack(build, run, target: str, resident_fraction: float) -> dict:
+    """``run_loaded`` without the pack (stock) and with it (pack)."""
+    return {label: run_loaded(build, run, with_pack, target, resident_fraction)
+            for label, with_pack in (("stock", False), ("pack", True))}
 
 
 def scenario_outcome(scenario) -> dict:
@@ -125,8 +134,7 @@ def scenario_outcome(scenario) -> dict:
         reference = (reference_run[0] if reference_run else run)(build(), CPU)
     except Exception as exc:  # noqa: BLE001  (a mutant that breaks the core itself tests nothing)
         return {"invalid": f"the CPU reference run fails: {error_line(exc)}"}
-    return compared({label: run_loaded(build, run, with_pack, target, fraction)
-                     for label, with_pack in (("stock", False), ("pack", True))}, reference)
+    return compared(stock_and_pack(build, run, target, fraction), reference)
 
 
 def start_pack() -> dict:
@@ -367,7 +375,36 @@ def transformers_tower(mutant) -> dict:
     return compared({"stock": run(NPU, False), "pack": run(NPU, True)}, reference["output"])
 
 
-OWN_RUNS = {"transformers_tower": transformers_tower, "cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}
+def h3_fp16(mutant) -> dict:
+    """The seed of ``h3_fp16_overflow``: kernels/h3_fp16.py's tiny H3 DiT, whose activations leave fp16's range
+    where the real model's do, computing in fp16 half resident (the rest cast per call, as in lowvram) through
+    ComfyUI's ModelPatcher, stock and with the pack's model fixes (stock's NaN is the bug: black video, NaN audio). The reference is its fp32 run on the CPU; a
+    run counts as the reference's output when it is at most as far from it as the bf16 run (the dtype ComfyUI
+    computes H3 in where the device has bf16), in inference mode, as ComfyUI runs a prompt."""
+    import comfy.ops
+
+    from minimax_hotfix.kernels.h3_fp16 import tiny_h3_model, tiny_h3_outputs
+
+    dit = importlib.import_module("comfy.ldm.minimax.model")
+    model_class = getattr(dit, mutant.target_class or "MiniMaxH3Model")
+
+    def build(dtype=torch.float16):
+        return tiny_h3_model(model_class, comfy.ops.disable_weight_init, dtype, overflow=True)
+
+    def on_cpu(dtype):
+        return tiny_h3_outputs(build(dtype), dtype)
+
+    with torch.inference_mode():
+        try:
+            reference = on_cpu(torch.float32)
+            bf16_diff = (on_cpu(torch.bfloat16) - reference).abs().max().item()
+        except Exception as exc:  # noqa: BLE001  (a mutant that breaks the core itself tests nothing)
+            return {"invalid": f"the CPU reference run fails: {error_line(exc)}"}
+        runs = stock_and_pack(build, lambda model, device: tiny_h3_outputs(model, torch.float16, device), "model", 0.5)
+    return compared(runs, reference, tolerance=bf16_diff)
+
+
+OWN_RUNS = {"h3_fp16": h3_fp16, "transformers_tower": transformers_tower, "cuda_queries": cuda_queries, "music3_graphs": music3_graphs, "music3_graphs_gguf": lambda mutant: music3_graphs(mutant, True)}
 
 
 def main(argv):

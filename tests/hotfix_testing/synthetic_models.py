@@ -16,6 +16,8 @@ the tiny models, so those are 256 wide there (``INT8_TINY_DIT``; the decoder's w
 the file, in the folder's ``TINY_CONFIGS_FILE``, which the probe applies over ``TINY_CONFIGS``).
 ``write_vision_tower_models`` writes what the H3 reference-to-video conditioning loads into a folder of its own, the
 text encoder with wider MLPs (``VISION_TOWER_TINY_CONFIGS``), so that a budget splits it.
+``write_h3_fp16_models`` writes the H3 models with a DiT whose activations leave fp16's range as the real model's do
+(``H3_FP16_TINY_DIT``, ``h3_fp16_overflow_dit``) into a folder of its own.
 """
 
 from __future__ import annotations
@@ -69,6 +71,15 @@ INT8_TINY_CONFIGS = {"comfy.ldm.minimax.vae.ViT3DDecoder": {"heads": 8}}  # widt
 # budget between the two splits the encoder.
 VISION_TOWER_TINY_CONFIGS = {"comfy.text_encoders.llama.Qwen3VL_32BConfig": {"intermediate_size": 3072}}
 TINY_CONFIGS_FILE = "tiny_configs.json"  # in a models folder: its models' TINY_CONFIGS changes
+# The DiT of the fp16 runs: wider than the text states, as the real model is (5376 against Qwen3-VL's 5120), so that
+# condition_proj and the token refiner run; at H3_TINY_DIT's equal widths ComfyUI's DiT skips both.
+H3_FP16_TINY_DIT = {**H3_TINY_DIT, "hidden_size": 128, "num_attention_heads": 4}
+# The tiny text encoder's states carry no massive activation (the real Qwen3-VL's first token: about 300 in one
+# channel; here every channel is within about 25). Its channel 22 is negative on every token of the bundled
+# workflows' and the official templates' prompts (measured: -1.4 to -25, typically -9), so condition_proj's massive
+# row reads that channel, scaled so that a typical token reaches the real model's peak.
+TINY_ENCODER_NEGATIVE_CHANNEL = 22
+TINY_ENCODER_TYPICAL_VALUE = -9.0
 
 
 def tiny_configs_of(models_dir: Path | None) -> dict:
@@ -280,6 +291,34 @@ def write_vision_tower_models(models_dir: Path) -> None:
     save_model(models_dir, "text_encoders", H3_TEXT_ENCODER_FILE, h3_text_encoder(generator, models_dir))
     save_model(models_dir, "vae", H3_VIDEO_VAE_FILE, h3_video_vae(generator))
     save_model(models_dir, "vae", H3_AUDIO_VAE_FILE, h3_audio_vae(generator))
+
+
+def h3_fp16_overflow_dit() -> dict:
+    """The ``H3_FP16_TINY_DIT`` state of ``kernels/h3_fp16.py``'s ``tiny_h3_state`` with its overflow structure (the
+    attention sink grown block by block, branch outputs past fp16's range), condition_proj's massive row reading the
+    tiny encoder's ``TINY_ENCODER_NEGATIVE_CHANNEL``, so that its output on the text rows exceeds fp16's range as
+    the real model's does (about 96k). bfloat16, as the real file; every weight inside fp16's range."""
+    from minimax_hotfix.kernels.h3_fp16 import CONDITION_PROJ_PEAK, tiny_h3_state
+
+    state = tiny_h3_state(h3_dit_model(H3_FP16_TINY_DIT), overflow=True)
+    massive_row = state["condition_proj.weight"][0]
+    massive_row.zero_()
+    massive_row[TINY_ENCODER_NEGATIVE_CHANNEL] = CONDITION_PROJ_PEAK / TINY_ENCODER_TYPICAL_VALUE
+    return {key: value.to(torch.bfloat16) for key, value in state.items()}
+
+
+def write_h3_fp16_models(models_dir: Path, loras: frozenset[str] = frozenset()) -> None:
+    """The H3 models of ``write_models`` with ``h3_fp16_overflow_dit`` under the DiT file names, and LoRAs without
+    weights under ``loras`` (the official templates' names)."""
+    generator = torch.Generator().manual_seed(SEED)
+    save_model(models_dir, "text_encoders", H3_TEXT_ENCODER_FILE, h3_text_encoder(generator))
+    save_model(models_dir, "vae", H3_VIDEO_VAE_FILE, h3_video_vae(generator))
+    save_model(models_dir, "vae", H3_AUDIO_VAE_FILE, h3_audio_vae(generator))
+    dit = h3_fp16_overflow_dit()
+    for name in H3_DIT_FILES:
+        save_model(models_dir, "diffusion_models", name, dit)
+    for name in loras:
+        write_empty_lora(models_dir / "loras" / name)
 
 
 def write_empty_lora(path: Path) -> None:

@@ -11,6 +11,11 @@
   against a total set per test (``set_total_mb``), which ComfyUI's ``get_total_memory`` / ``get_free_memory`` read.
 * ``set_int_mm(False)``: the device has no ``torch._int_mm`` (the MPS error text), decided wherever device work runs
   on unwrapped tensors (a custom op's CPU body calls ``torch._int_mm`` from Python on plain tensors).
+* ``BF16_ENV=0``: a device that computes fp16 but not bf16 (NVIDIA compute capability 7.x, AMD RDNA2, Intel XPU
+  without bf16). ``torch.npu.is_bf16_supported()`` says no; ComfyUI 0.33.0 never asks an Ascend device (its
+  ``should_use_bf16`` answers yes for any NPU), so the device's own custom node (``simulated_device_routes``) makes
+  ComfyUI's ``should_use_bf16`` ask it, as ComfyUI's XPU path asks ``torch.xpu.is_bf16_supported()``. Values stay
+  the CPU's in every dtype: what the device lacks is ComfyUI's choice of bf16, not the arithmetic.
 * ``host_to_device()``: host-to-device copies per op (count, bytes) since ``reset_counters()``;
   ``host_to_device_by_shape()`` the same per source shape and dtype (``"2304x64 float16"``), so that a test can tell
   one tensor's traffic (a position table) from the weights'.
@@ -35,6 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 DEVICE_TYPE = "npu"
 TOTAL_MB_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_TOTAL_MB"
 INT_MM_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_INT_MM"  # "0": the device has no torch._int_mm
+BF16_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_BF16"  # "0": the device reports no bf16 (fp16 only)
 CURRENT_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_CURRENT"  # the current device's index (ComfyUI loads models there)
 DEVICE_COUNT = 2
 DEVICE_NAME = "Simulated accelerator (CPU values)"
@@ -52,6 +58,7 @@ _state = threading.local()
 _live: dict[int, weakref.ref] = {}  # id -> the device tensors alive (a WeakSet would compare tensors)
 _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
 _int_mm_available = True
+_bf16_supported = True
 _default_device = 0
 _host_to_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 _host_to_device_by_shape: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -324,6 +331,11 @@ def set_int_mm(available: bool) -> None:
     _int_mm_available = available
 
 
+def set_bf16(supported: bool) -> None:
+    global _bf16_supported
+    _bf16_supported = supported
+
+
 def reset_counters() -> None:
     with _counter_lock:
         _host_to_device.clear()
@@ -345,7 +357,7 @@ def host_to_device_by_shape() -> dict[str, list[int]]:
 def stats() -> dict:
     return {"current_device": _default_device, "total_bytes": dict(_total_bytes),
             "allocated_bytes": {index: allocated_bytes(index) for index in range(DEVICE_COUNT)},
-            "int_mm": _int_mm_available, "host_to_device": host_to_device(),
+            "int_mm": _int_mm_available, "bf16": _bf16_supported, "host_to_device": host_to_device(),
             "host_to_device_by_shape": host_to_device_by_shape()}
 
 
@@ -391,6 +403,10 @@ class BackendModule:
     @staticmethod
     def memory_allocated(device=None):
         return allocated_bytes(_index(device))
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True):
+        return _bf16_supported
 
     @staticmethod
     def get_device_name(device=None):
@@ -454,7 +470,7 @@ def install(clear_cuda_version: bool = True) -> None:
     """Registers the ``npu`` device and ``torch.npu`` (idempotent); patches ``torch.tensor``, ``torch.Generator``,
     ``torch._int_mm`` and the ``Tensor.data`` setter (each unchanged for other devices); clears ``torch.version.cuda``
     so that ComfyUI does not take a CUDA build of torch for an NVIDIA machine (``clear_cuda_version``). Reads the
-    environment's total and ``_int_mm`` setting."""
+    environment's total, ``_int_mm`` and bf16 settings."""
     global _installed, _default_device
     if _installed:
         return
@@ -469,6 +485,7 @@ def install(clear_cuda_version: bool = True) -> None:
         torch.version.cuda = None
     set_total_mb(float(os.environ.get(TOTAL_MB_ENV, "2048")))
     set_int_mm(os.environ.get(INT_MM_ENV, "1") != "0")
+    set_bf16(os.environ.get(BF16_ENV, "1") != "0")
     _default_device = int(os.environ.get(CURRENT_ENV, "0"))
     _installed = True
 

@@ -1,0 +1,198 @@
+"""h3_fp16_overflow: MiniMax H3 computes in fp16 without black frames, where the device has no bf16.
+
+Bug: ComfyUI's H3 DiT (``comfy/ldm/minimax/model.py``) runs in its compute dtype throughout, and three of its
+activations exceed fp16's 65504: ``condition_proj``'s output from the Qwen3-VL states (about 96k), the residual
+stream's attention-sink rows (about 81k after the first block, about 4.3M after the fiftieth) and the attention
+``out_proj`` / MLP ``fc2`` outputs (fc2 above 2M at some sigmas). In fp16 they become inf, then NaN: pure black
+video and NaN audio, no error. H3 declares ``supported_inference_dtypes = [bfloat16, float32]``, so where ComfyUI
+finds no bf16 (NVIDIA compute capability 7.x: V100, T4, RTX 20; AMD RDNA2 and older; Macs before macOS 14; Intel
+XPU without bf16) it falls back to fp32, about 10 times slower than fp16; where the user forces fp16
+(``--fp16-unet``, ``--force-fp16``, a ModelComputeDtype node) the output is black.
+
+Upstream: Comfy-Org/ComfyUI #15262 (V100, closed as user support), #15315 (M4 Max ``--force-fp16``: black video,
+NaN audio); deepbeepmeep/Wan2GP #2156 (RTX 2070: fp16 black, bf16 about 4x slower). No upstream fix.
+
+Applies to: every core with ``comfy.ldm.minimax.model`` (0.33.0 and the 0.39 era checked).
+
+Detection (behaviour, on a tiny H3 built from the running core's own classes): (1) the pack's fp32-stream block,
+refiner and projection code, run in fp32, must give the model's own output bit for bit, and the blocks' forward must
+take no argument the pack does not know: otherwise the DiT's code changed and the fix is "failed" and off; (2) a tiny
+H3 whose activations leave fp16's range the way the real model's do is run in fp16 as the core runs it: where its
+output is finite and matches the fp32 run, the core handles fp16 itself ("fixed upstream").
+
+Off switch: ``MINIMAX_HOTFIX_DISABLE=h3_fp16_overflow`` (read on every DiT call, and by the loader's dtype choice).
+
+Delete when: no supported core's tiny-H3 check overflows (every one reads "fixed upstream").
+
+How: attached by the pack's diffusion-model loader and Apply node as an injection. After each load it gives the
+DiT instance attributes, all inert unless the call computes in fp16 (kernels/h3_fp16.py does the arithmetic):
+``_forward`` and ``preprocess_text_embeds`` (the two entry points) mark an fp16 call; then ``condition_proj``
+computes in fp32, the token refiner and every DiT block carry the residual in fp32 with fp16 branches, the final
+norm takes the fp32 stream, and hooks on each ``out_proj`` and ``fc1`` rescale the branch outputs by a power of
+two. In bf16 and fp32 every override calls the model's own code: outputs are bit for bit stock.
+The pack's loader also lets ComfyUI pick fp16 where it is safe now (``choose_fp16``): on a device where ComfyUI's
+own ``should_use_fp16`` says yes, ``should_use_bf16`` says no and the device computes fp16 at full rate (NVIDIA:
+compute capability 7.0 or newer; Pascal's fp16 runs at 1/64 rate), an H3 that ComfyUI would compute in fp32 gets
+fp16 as its compute dtype (``set_model_compute_dtype``, the patcher's own switch, as the ModelComputeDtype node
+uses it). ``--fp32-unet`` (or ``--force-fp32``) keeps fp32.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target, error_line, log, remove_handles
+from ..kernels.h3_fp16 import (
+    DIT_PARTS,
+    fp32_stream_forwards,
+    is_h3_dit,
+    rescale_hooks,
+    tiny_h3_model,
+    tiny_h3_outputs,
+)
+
+FIX_ID = "h3_fp16_overflow"
+BLOCK_ARGUMENTS = frozenset({"x", "t_emb", "mod_segments", "rope_freqs", "transformer_options", "attention"})
+
+
+def hook_dit(dit, fix: Fix) -> list:
+    """``fix`` on one H3 DiT instance, for its fp16 calls (none while its off switch is set); returns removable
+    handles."""
+    overrides = [AttributeOverride(*override) for override in fp32_stream_forwards(dit, fix.link.switched_off)]
+    return overrides + rescale_hooks(dit)
+
+
+def h3_dits(model) -> list:
+    """The H3 DiTs in a loaded ComfyUI model (its ``diffusion_model``, or ``model`` itself)."""
+    found = getattr(model, "diffusion_model", model)
+    return [found] if isinstance(found, torch.nn.Module) and is_h3_dit(found) else []
+
+
+def fp16_is_fast(device) -> bool:
+    """Whether ``device`` computes fp16 at full rate: on NVIDIA, compute capability 7.0 or newer (Pascal's 6.x runs
+    fp16 at 1/64 of fp32 on consumer cards); other accelerators are taken at ComfyUI's word."""
+    if getattr(device, "type", None) == "cuda" and torch.version.cuda and not torch.version.hip:
+        return torch.cuda.get_device_capability(device)[0] >= 7
+    return True
+
+
+def fp16_instead_of_fp32(device, params: int = 0) -> bool:
+    """Whether H3 should compute in fp16 on ``device`` where ComfyUI alone computes it in fp32: ComfyUI's own
+    ``should_use_fp16`` says yes and ``should_use_bf16`` says no (the only reason it picked fp32), the device runs
+    fp16 at full rate, and the user did not force fp32."""
+    import comfy.model_management as mm
+    from comfy.cli_args import args
+
+    return (not args.fp32_unet and fp16_is_fast(device) and mm.should_use_fp16(device, model_params=params)
+            and not mm.should_use_bf16(device, model_params=params))
+
+
+def choose_fp16(patcher) -> bool:
+    """Make a freshly loaded H3 that ComfyUI would compute in fp32 for want of bf16 compute in fp16, where
+    ``fp16_instead_of_fp32``; returns whether it did. The patcher's own switch (an object patch of
+    ``manual_cast_dtype``, as ComfyUI's ModelComputeDtype node sets it), so clones keep it and the stock model is
+    untouched."""
+    model = patcher.model
+    dits = h3_dits(model)
+    if not dits or model.get_dtype_inference() != torch.float32:
+        return False
+    device = patcher.load_device
+    if not fp16_instead_of_fp32(device, sum(p.numel() for p in dits[0].parameters())):
+        return False
+    patcher.set_model_compute_dtype(torch.float16)
+    log.info("MiniMax Hotfix: %s: MiniMax H3 computes in float16 on %s (no bfloat16 here; ComfyUI alone computes it "
+             "in float32), its overflow sites in float32", FIX_ID, device)
+    return True
+
+
+def machine_note() -> str | None:
+    """What this machine means for H3 through the stock loaders, where it matters: forced fp16 (black video) or the
+    fp32 fallback (about 10 times slower than fp16)."""
+    import comfy.model_management as mm
+    from comfy.cli_args import args
+
+    if args.fp16_unet or args.force_fp16:
+        return ("this ComfyUI computes MiniMax H3 in float16 (--fp16-unet / --force-fp16): through the stock loaders "
+                "its video is black and its audio NaN; the pack's loaders keep its overflow sites in float32")
+    device = mm.get_torch_device()
+    if fp16_instead_of_fp32(device):
+        return (f"{device} has no bfloat16: through the stock loaders ComfyUI computes MiniMax H3 in float32, about "
+                "10 times slower than float16; the pack's diffusion-model loader computes it in float16, its "
+                "overflow sites in float32")
+    return None
+
+
+def h3_model_class():
+    """ComfyUI's H3 DiT class (``MiniMaxH3Model``, or on a core that renamed it the class of
+    ``comfy.ldm.minimax.model`` with a ``_forward`` whose constructor builds ``condition_proj``); None where this
+    core has no H3 DiT module, False where the module has no such class."""
+    try:
+        import comfy.ldm.minimax.model as dit_module
+    except ImportError:
+        return None
+    return next((value for value in vars(dit_module).values() if inspect.isclass(value)
+                 and value.__module__ == dit_module.__name__ and issubclass(value, torch.nn.Module)
+                 and "_forward" in vars(value) and "condition_proj" in inspect.getsource(value.__init__)), False)
+
+
+class H3Fp16Overflow(Fix):
+    id = FIX_ID
+    targets = (Target.MODEL,)
+    retirement = Retirement(
+        fixed_by="none yet: a core whose H3 DiT keeps condition_proj, the residual stream and the branch outputs "
+                 "inside fp16's range (or in fp32) when it computes in fp16",
+        delete_when="every supported core reads 'fixed upstream' here (its tiny H3 computes in fp16 without "
+                    "overflow)")
+
+    def detect(self) -> Status:
+        model_class = h3_model_class()
+        if model_class is None:
+            return Status(State.NOT_APPLICABLE, "ComfyUI's MiniMax H3 DiT (comfy.ldm.minimax.model) is not "
+                                                "importable here")
+        if not model_class:
+            return Status(State.FAILED, "comfy.ldm.minimax.model has no DiT class with condition_proj and _forward: "
+                                        "the DiT changed, fix left off")
+        import comfy.ops
+
+        ops = comfy.ops.disable_weight_init
+        try:
+            reference = tiny_h3_model(model_class, ops, torch.float32, overflow=False)
+            if not is_h3_dit(reference):
+                return Status(State.FAILED, f"{model_class.__name__} no longer has {', '.join(DIT_PARTS)}: the DiT "
+                                            "changed, fix left off")
+            unknown = set(inspect.signature(reference.blocks[0].forward).parameters) - BLOCK_ARGUMENTS
+            if unknown:
+                return Status(State.FAILED, f"the DiT blocks' forward takes {', '.join(sorted(unknown))}, which the "
+                                            "fix does not know: the DiT changed, fix left off")
+            stock = tiny_h3_outputs(reference, torch.float32)
+            handles = hook_dit(reference, self)
+            try:
+                streamed = tiny_h3_outputs(reference, torch.float32, stream_compute=torch.float32)
+            finally:
+                remove_handles(handles)
+            if not torch.equal(stock, streamed):
+                return Status(State.FAILED, "the fix's fp32-stream blocks no longer compute what the DiT's own blocks "
+                                            "do (the DiT changed): fix left off")
+            wanted = tiny_h3_outputs(tiny_h3_model(model_class, ops, torch.float32, overflow=True), torch.float32)
+            in_fp16 = tiny_h3_outputs(tiny_h3_model(model_class, ops, torch.float16, overflow=True), torch.float16)
+        except Exception as exc:
+            return Status(State.FAILED, f"the DiT changed: the tiny H3 check failed ({error_line(exc)}); fix left "
+                                        "off")
+        if bool(torch.isfinite(in_fp16).all()) and torch.allclose(in_fp16, wanted, rtol=0.05, atol=0.05):
+            return Status(State.FIXED_UPSTREAM, "this core's H3 computes in fp16 without overflow")
+        return Status(State.NEEDED, "H3's condition_proj, residual stream and branch outputs exceed fp16's range: "
+                                     "in fp16 the output is NaN (black video, NaN audio)")
+
+    def hook_loaded_model(self, model) -> list:
+        return [handle for dit in h3_dits(model) for handle in hook_dit(dit, self)]
+
+    def loaded_by_pack(self, patcher) -> None:
+        choose_fp16(patcher)
+
+    def machine_note(self) -> str | None:
+        return machine_note()
+
+
+FIX = H3Fp16Overflow()

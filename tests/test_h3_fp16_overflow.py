@@ -1,0 +1,322 @@
+"""h3_fp16_overflow on ComfyUI's own H3 DiT: a tiny model whose activations leave fp16's range where the real
+model's do (the magnitude table, printed), stock in fp16 against the pack (red: non-finite; green: as close to fp32
+as the bf16 path or closer), bit for bit stock in bf16 and fp32, the branch rescale exact, the attachment through
+ComfyUI's ModelPatcher, and the loader's dtype choice under ComfyUI's own rules for each kind of device.
+The kernel's exactness alone (no ComfyUI) is tested with generated inputs at the end."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minimax_hotfix.contract import remove_handles
+from minimax_hotfix.kernels.h3_fp16 import (
+    BRANCH_RESCALE,
+    FP16_MAX,
+    branches_rescaled,
+    divide_projection_input,
+    divide_up_half,
+    tiny_h3_inputs,
+    tiny_h3_model,
+    tiny_h3_outputs,
+)
+
+CORES = ("0.33.0", "0.39 era")
+
+
+@pytest.fixture
+def h3(comfyui):
+    import comfy.ops
+
+    from minimax_hotfix.patches import h3_fp16_overflow
+
+    model_class = h3_fp16_overflow.h3_model_class()
+    assert model_class, "this core has no H3 DiT"
+
+    def build(dtype, overflow=True):
+        return tiny_h3_model(model_class, comfy.ops.disable_weight_init, dtype, overflow)
+
+    return types.SimpleNamespace(build=build, fix=h3_fp16_overflow.FIX, module=h3_fp16_overflow)
+
+
+def outputs(h3, dtype, fixed, overflow=True, preprocessed=False):
+    """The tiny H3's outputs in ``dtype``, with the fix's hooks (``fixed``) or without; ``preprocessed``: the text
+    states go through ``preprocess_text_embeds`` first, as ComfyUI's ``extra_conds`` sends them."""
+    model = h3.build(dtype, overflow)
+    handles = h3.module.hook_dit(model, h3.fix) if fixed else []
+    try:
+        if not preprocessed:
+            return tiny_h3_outputs(model, dtype)
+        inputs = tiny_h3_inputs(dtype)
+        with torch.no_grad():
+            inputs["context"] = model.preprocess_text_embeds(inputs["context"])
+            return torch.cat([part.reshape(-1).float() for part in model(**inputs)])
+    finally:
+        remove_handles(handles)
+
+
+def magnitudes(model) -> dict[str, list[float]]:
+    """The largest magnitude, fp32 run, at each overflow site: condition_proj's output, the stream after each block,
+    each block's out_proj and fc2 outputs."""
+    seen = {"condition_proj": [], "stream": [], "out_proj": [], "fc2": []}
+    record = lambda name: lambda module, args, output: seen[name].append(output.abs().max().item())  # noqa: E731
+    handles = [model.condition_proj.register_forward_hook(record("condition_proj"))]
+    for block in model.blocks:
+        handles += [block.register_forward_hook(record("stream")),
+                    block.attn.out_proj.register_forward_hook(record("out_proj")),
+                    block.mlp.fc2.register_forward_hook(record("fc2"))]
+    try:
+        tiny_h3_outputs(model, torch.float32)
+    finally:
+        remove_handles(handles)
+    return seen
+
+
+@pytest.mark.cores(*CORES)
+def test_the_tiny_h3_overflows_where_the_real_model_does(h3):
+    over, within = magnitudes(h3.build(torch.float32)), magnitudes(h3.build(torch.float32, overflow=False))
+    print(f"\nlargest magnitude per site, fp32 run (fp16 max {FP16_MAX:.0f})")
+    print(f"{'site':<16}{'overflowing variant':>44}  {'in-range variant':>40}")
+    for site in over:
+        print(f"{site:<16}{' '.join(f'{v:>10.4g}' for v in over[site]):>44}  "
+              f"{' '.join(f'{v:>9.3g}' for v in within[site]):>40}")
+    stream = over["stream"]
+    assert over["condition_proj"][0] > FP16_MAX
+    assert stream[0] > FP16_MAX and stream[-1] / stream[0] > 10  # past the range after block 0, growing tens of times
+    assert max(over["fc2"]) > FP16_MAX and max(over["out_proj"]) > FP16_MAX
+    assert max(max(values) for values in within.values()) < FP16_MAX
+
+
+@pytest.mark.fails_switched_off("h3_fp16_overflow", "not finite", cores=CORES)
+@pytest.mark.parametrize("preprocessed", [False, True], ids=["text states in forward", "extra_conds path"])
+def test_in_fp16_the_pack_is_finite_and_as_close_to_fp32_as_bf16(h3, fresh_detection, preprocessed):
+    from minimax_hotfix import registry
+
+    needed = registry.status(h3.fix).state.value == "needed"  # the off switch (the red control) reads "disabled"
+    reference = outputs(h3, torch.float32, fixed=False, preprocessed=preprocessed)
+    stock = outputs(h3, torch.float16, fixed=False, preprocessed=preprocessed)
+    pack = outputs(h3, torch.float16, fixed=needed, preprocessed=preprocessed)
+    bf16 = outputs(h3, torch.bfloat16, fixed=False, preprocessed=preprocessed)
+    pack_error, bf16_error = ((pack - reference).abs().max().item(), (bf16 - reference).abs().max().item())
+    print(f"\n{'run':<12}{'finite':>8}{'max |diff| from fp32':>24}")
+    for name, out, error in (("stock fp16", stock, None), ("pack fp16", pack, pack_error),
+                             ("stock bf16", bf16, bf16_error)):
+        finite = bool(torch.isfinite(out).all())
+        print(f"{name:<12}{str(finite):>8}{'' if not finite else f'{error:.3g}':>24}")
+    assert not torch.isfinite(stock).all()  # the users' black video and NaN audio
+    assert torch.isfinite(pack).all(), "the pack's fp16 output is not finite"
+    assert pack_error <= bf16_error
+
+
+@pytest.mark.cores(*CORES)
+def test_in_range_the_pack_equals_stock_fp16_within_fp16_rounding(h3):
+    reference = outputs(h3, torch.float32, fixed=False, overflow=False)
+    stock = outputs(h3, torch.float16, fixed=False, overflow=False)
+    pack = outputs(h3, torch.float16, fixed=True, overflow=False)
+    scale = reference.abs().max().item()
+    print(f"\nin range: |pack - stock| {(pack - stock).abs().max().item():.3g}, |stock - fp32| "
+          f"{(stock - reference).abs().max().item():.3g}, |pack - fp32| {(pack - reference).abs().max().item():.3g}"
+          f" (outputs up to {scale:.3g})")
+    # the pack's only differences are its fp32 residual and fp32 condition_proj: a few fp16 ulps of the output
+    assert torch.allclose(pack, stock, rtol=0, atol=4 * scale * 2.0 ** -10)
+    assert (pack - reference).abs().max() <= (stock - reference).abs().max()
+
+
+@pytest.mark.cores(*CORES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("overflow", [True, False], ids=["overflowing", "in range"])
+def test_in_bf16_and_fp32_the_pack_is_bit_for_bit_stock(h3, dtype, overflow):
+    assert torch.equal(outputs(h3, dtype, fixed=True, overflow=overflow),
+                       outputs(h3, dtype, fixed=False, overflow=overflow))
+
+
+@pytest.mark.cores(*CORES)
+def test_the_detection_builds_its_tiny_h3_under_dynamic_vram(h3, monkeypatch):
+    """Under dynamic VRAM (ComfyUI's default on NVIDIA) ComfyUI's layers are built without weights: the tiny H3 still
+    declares and loads every weight, so the fix reads "needed" there too (it read "failed" before)."""
+    import comfy.memory_management
+    import comfy.ops
+
+    from minimax_hotfix.contract import State
+    from minimax_hotfix.kernels.h3_fp16 import TINY_H3
+
+    monkeypatch.setattr(comfy.memory_management, "aimdo_enabled", True)
+    with torch.device("meta"):
+        lazy = h3.module.h3_model_class()(**TINY_H3, dtype=torch.float16, operations=comfy.ops.disable_weight_init)
+    assert lazy.condition_proj.weight is None  # red control: what dynamic VRAM builds
+    assert h3.fix.detect().state is State.NEEDED
+    assert h3.build(torch.float16).condition_proj.weight.dtype == torch.float16
+
+
+@pytest.mark.cores(*CORES)
+def test_the_fix_attaches_through_comfyuis_model_patcher_and_leaves_a_stock_model_alone(h3, registry):
+    import comfy.model_management as mm
+    import comfy.model_patcher
+
+    from minimax_hotfix import registry as pack_registry
+    from minimax_hotfix.contract import Target
+
+    registry(h3.fix)
+    cpu = torch.device("cpu")
+    wrapped = [types.SimpleNamespace(diffusion_model=h3.build(torch.float16)) for _ in range(2)]
+    for model in wrapped:
+        model.get_dtype_inference = lambda: torch.float16
+    patchers = [comfy.model_patcher.ModelPatcher(torch.nn.Module(), load_device=cpu, offload_device=cpu)
+                for _ in wrapped]
+    for patcher, model in zip(patchers, wrapped, strict=True):
+        patcher.model.diffusion_model = model.diffusion_model
+    assert pack_registry.attach_fixes(patchers[0], Target.MODEL) == [h3.fix.id]
+    mm.load_models_gpu(patchers, force_full_load=True)
+    try:
+        fixed, stock = (tiny_h3_outputs(patcher.model.diffusion_model, torch.float16) for patcher in patchers)
+    finally:
+        mm.unload_all_models()
+    assert torch.isfinite(fixed).all() and not torch.isfinite(stock).all()
+    assert "forward" not in vars(patchers[0].model.diffusion_model.blocks[0])  # ejected with the unload
+
+
+# ComfyUI's own should_use_fp16 / should_use_bf16 on each kind of device, its hardware queries answered as that device
+# would: name, compute capability (NVIDIA) or architecture (AMD), bf16 support, OS
+DEVICES = {
+    "V100 (7.0)": ("cuda", dict(name="Tesla V100-SXM2-16GB", major=7, minor=0), False, "linux", True),
+    "T4 (7.5)": ("cuda", dict(name="Tesla T4", major=7, minor=5), False, "linux", True),
+    "RTX 2070 (7.5), Windows": ("cuda", dict(name="NVIDIA GeForce RTX 2070", major=7, minor=5), False, "windows",
+                                True),
+    "GTX 1080 (6.1), Windows": ("cuda", dict(name="NVIDIA GeForce GTX 1080", major=6, minor=1), False, "windows",
+                                False),
+    "GTX 1660 (7.5)": ("cuda", dict(name="NVIDIA GeForce GTX 1660 SUPER", major=7, minor=5), False, "linux", False),
+    "RTX 4090 (8.9)": ("cuda", dict(name="NVIDIA GeForce RTX 4090", major=8, minor=9), True, "linux", False),
+    "RX 6800 (RDNA2)": ("hip", dict(name="AMD Radeon RX 6800", major=10, minor=3, gcnArchName="gfx1030"), False,
+                        "linux", True),
+    "Mac, macOS 13": ("mps", None, False, "macos 13", True),
+    "Mac, macOS 14": ("mps", None, True, "macos 14", False),
+}
+
+
+@pytest.mark.parametrize("device_kind", DEVICES)
+def test_the_loader_picks_fp16_only_where_comfyui_would_fall_back_to_fp32_and_fp16_is_fast(
+        comfyui, monkeypatch, device_kind):
+    import comfy.model_management as mm
+    from comfy.cli_args import args
+
+    from minimax_hotfix.patches.h3_fp16_overflow import fp16_instead_of_fp32
+
+    backend, props, bf16, system, wanted = DEVICES[device_kind]
+    monkeypatch.setattr(mm, "WINDOWS", system == "windows")
+    if backend == "mps":
+        device = torch.device("mps")
+        monkeypatch.setattr(mm, "mac_version", lambda: (int(system.split()[1]),))
+    else:
+        device = torch.device("cuda", 0)
+        monkeypatch.setattr(mm, "cpu_state", mm.CPUState.GPU)
+        monkeypatch.setattr(torch.version, "cuda", None if backend == "hip" else "12.4")
+        monkeypatch.setattr(torch.version, "hip", "6.2" if backend == "hip" else None)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: types.SimpleNamespace(**props))
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (props["major"], props["minor"]))
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    print(f"\n{device_kind}: should_use_fp16 {mm.should_use_fp16(device)}, should_use_bf16 "
+          f"{mm.should_use_bf16(device)}, H3 in fp16 with the pack's loader: {fp16_instead_of_fp32(device)}")
+    assert mm.should_use_bf16(device) == bf16 or backend == "hip"  # RDNA2: bf16 only by manual cast
+    assert fp16_instead_of_fp32(device) is wanted
+    monkeypatch.setattr(args, "fp32_unet", True)  # the user's choice stands
+    assert fp16_instead_of_fp32(device) is False
+
+
+@pytest.mark.cores(*CORES)
+def test_the_pack_loader_sets_fp16_on_comfyuis_patcher_where_it_is_chosen(h3, monkeypatch):
+    import comfy.model_management as mm
+    import comfy.model_patcher
+
+    model = types.SimpleNamespace(diffusion_model=h3.build(torch.float32), manual_cast_dtype=None)
+    model.get_dtype_inference = lambda: model.manual_cast_dtype or torch.float32
+    patcher = comfy.model_patcher.ModelPatcher(torch.nn.Module(), load_device=torch.device("cpu"),
+                                               offload_device=torch.device("cpu"))
+    patcher.model.diffusion_model = model.diffusion_model
+    patcher.model.get_dtype_inference = model.get_dtype_inference
+    monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: True)
+    assert not h3.module.choose_fp16(patcher)  # a bf16 device: ComfyUI's own choice stands
+    monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(mm, "should_use_fp16", lambda *a, **k: True)
+    assert h3.module.choose_fp16(patcher)
+    assert patcher.object_patches["manual_cast_dtype"] is torch.float16 and patcher.force_cast_weights
+
+
+def test_the_branch_hooks_act_only_inside_a_rescaled_branch():
+    linear, fc1 = torch.nn.Linear(8, 4, bias=False).half(), torch.nn.Linear(8, 8, bias=False).half()
+    linear.register_forward_pre_hook(divide_projection_input)
+    fc1.register_forward_hook(divide_up_half)
+    x = torch.ones(2, 8, dtype=torch.float16)
+    plain_projection, plain_fc1 = linear(x), fc1(x)
+    with branches_rescaled():
+        assert torch.equal(linear(x) * BRANCH_RESCALE, plain_projection)
+        scaled = fc1(x)
+    assert torch.equal(scaled[:, :4], plain_fc1[:, :4]) and torch.equal(scaled[:, 4:] * BRANCH_RESCALE, plain_fc1[:, 4:])
+
+
+# inputs and products that stay normal fp16 numbers after the division (silu(gate) >= 0.73 for gate >= 1)
+NORMAL_FP16 = st.floats(min_value=BRANCH_RESCALE * 2.0 ** -13, max_value=60.0)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(values=st.lists(st.tuples(NORMAL_FP16, st.booleans()), min_size=16, max_size=16),
+       seed=st.integers(0, 2 ** 16))
+def test_the_branch_rescale_is_bit_exact_for_inputs_that_stay_normal(values, seed):
+    x = torch.tensor([value if positive else -value for value, positive in values]).view(2, 8).half()
+    weight = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed)).half()
+    direct = torch.nn.functional.linear(x, weight)
+    gate, up = (torch.rand(2, 8, generator=torch.Generator().manual_seed(seed + 1)) * 2 + 1).half(), x
+    swiglu = torch.nn.functional.silu(gate) * up
+    assert torch.equal(torch.nn.functional.linear(x / BRANCH_RESCALE, weight) * BRANCH_RESCALE, direct)
+    assert torch.equal((torch.nn.functional.silu(gate) * (up / BRANCH_RESCALE)) * BRANCH_RESCALE, swiglu)
+
+
+def test_the_startup_note_says_when_h3_runs_fp16_or_falls_back_to_fp32(comfyui, monkeypatch):
+    import comfy.model_management as mm
+    from comfy.cli_args import args
+
+    from minimax_hotfix.patches.h3_fp16_overflow import machine_note
+
+    assert machine_note() is None  # red control: a CPU run, no flag: nothing to say
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(mm, "should_use_fp16", lambda *a, **k: True)
+    monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    assert "has no bfloat16" in machine_note() and "float32" in machine_note()
+    monkeypatch.setattr(args, "fp16_unet", True)
+    assert "black" in machine_note()
+
+
+@pytest.fixture
+def benchmark(comfyui):
+    from minimax_hotfix.benchmarks import h3_fp16_overflow  # benchmarks/, reached through the pack's folder
+
+    return h3_fp16_overflow
+
+
+BENCHMARK_ARGS = ["--tiny", "--tokens", "64", "--rounds", "1", "--overhead-target", "100"]  # checks, not timings
+
+
+def test_the_benchmark_checks_that_the_fix_ran(benchmark, tmp_path, monkeypatch, capsys):
+    """The benchmark's own checks on the tiny H3: finite in every mode and the pack's run on the fp32-stream path;
+    red control: with no hooks attached the pack's run is plain fp16 and the benchmark says so (exit 1)."""
+    figures = tmp_path / "figures.json"
+    assert benchmark.main([*BENCHMARK_ARGS, "--json", str(figures)]) == 0, capsys.readouterr().out
+    measured = json.loads(figures.read_text())
+    assert measured["finite"] and measured["fp32_stream_ran"]
+    assert set(measured["ms_per_step"]) == {"fp32", "fp16", "pack"}
+    assert measured["weight_bytes"]["fp32"] > measured["weight_bytes"]["fp16"]
+    monkeypatch.setattr(benchmark, "hook_dit", lambda model, fix: [])
+    assert benchmark.main(BENCHMARK_ARGS) == 1
+    assert "did NOT take the fp32-stream path" in capsys.readouterr().out
+
+
+def test_the_benchmark_is_part_of_the_gpu_check():
+    source = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py").read_text()
+    assert 'benchmark_part("h3_fp16_overflow"' in source
