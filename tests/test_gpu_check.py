@@ -2,6 +2,8 @@
 the very scenario list of the simulated-device tests (tests/hotfix_testing/seed_scenarios.py), budget by budget, stock and pack."""
 
 import ast
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +52,8 @@ def test_its_scenario_list_is_the_simulated_device_tests_list(gpu_check):
     planned = {(run["scenario"].name, run["budget"], run["pack"]) for run in gpu_check.plan(device_count=2)
                if not run["skipped"]}
     assert planned == {(s.name, budget, pack) for s in seed_scenarios.SCENARIOS if s.int_mm
-                       for budget in s.resident_mb for pack in (False, True)}
+                       for budget in s.resident_mb for pack in (False, True)} | {
+        (s.name, "full", False) for s in seed_scenarios.SCENARIOS if s.int_mm and "full" not in s.resident_mb}
 
 
 def test_one_cuda_device_skips_only_the_multi_device_and_the_no_int_mm_scenarios(gpu_check):
@@ -65,28 +68,28 @@ def test_the_reserve_leaves_the_resident_mb(gpu_check, free_mb, resident_mb):
 
 
 @pytest.fixture
-def simulated_cuda(gpu_check, comfyui, monkeypatch):
-    """Two simulated devices standing in for CUDA: each server the GPU check would start with a ``--reserve-vram``
-    (and ``--default-device``) is a simulated-device server whose total leaves the same resident MB (models on that
-    device), with ComfyUI's free memory read as FREE_MB."""
-    import dataclasses
-
+def simulated_cuda(gpu_check, comfyui, monkeypatch, tmp_path_factory):
+    """Two simulated devices standing in for CUDA, each with FREE_MB free as ComfyUI reads it and, as a GPU's, its
+    matmuls and convolutions differing from the CPU's in the last bit: the GPU check's servers start on them as the
+    recipe for a bare CUDA machine says (docs/testing.md: no frontend package, which cannot be imported here) and set
+    each budget's ``--reserve-vram`` through the probe node, as on a GPU."""
     from hotfix_testing import comfyui_server, simulated_cores
 
     if not simulated_cores.available():
         pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its trees)")
 
-    @dataclasses.dataclass(frozen=True)
-    class SimulatedCuda(comfyui_server.SimulatedDevice):
-        reserve_vram_gb: float | None = None
+    def cuda_device(index=0, text_encoder=False, dynamic_vram=False):
+        return comfyui_server.SimulatedDevice(total_mb=FREE_MB, current=index, force_fp32=not text_encoder,
+                                              dynamic_vram=dynamic_vram, last_bit_differs=True)
 
-    def cuda_device(reserve_vram_gb=None, index=0, text_encoder=False, dynamic_vram=False):
-        resident_mb = FREE_MB - gpu_check.INFERENCE_MB - (reserve_vram_gb or 0) * 1024
-        return SimulatedCuda(total_mb=seed_scenarios.RESERVE_MB + resident_mb, current=index,
-                             force_fp32=not text_encoder, reserve_vram_gb=reserve_vram_gb, dynamic_vram=dynamic_vram)
-
+    without_frontend = tmp_path_factory.mktemp("without_frontend")
+    (without_frontend / "comfyui_frontend_package").mkdir()
+    (without_frontend / "comfyui_frontend_package" / "__init__.py").write_text(
+        'raise ImportError("not installed: the bare-machine recipe leaves the frontend out")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(without_frontend),
+                                                                   os.environ.get("PYTHONPATH")))))
     monkeypatch.setattr(comfyui_server, "CudaDevice", cuda_device)
-    monkeypatch.setattr(gpu_check, "free_mb_on", lambda *args: FREE_MB)
+    monkeypatch.setattr(gpu_check, "free_mb_of", lambda *args: FREE_MB)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
 
 
@@ -94,54 +97,115 @@ FREE_MB = 2048.0
 
 
 @pytest.fixture
-def one_budget_each(monkeypatch):
-    """Every scenario at its "partial" budget only (where it has one), seed 001 at "partial" on one canvas, and the
-    models on device 0 only (the split over two devices keeps device 1 in the run): the dry runs check the GPU check's
-    own code, which is the same at every budget and device, and each budget and device is a server start (the
-    simulated-device tests run all of them)."""
+def two_budgets_each(monkeypatch):
+    """Every scenario at its "full" and "partial" budgets only (where it has them: "full" gives a group its fault-free
+    run on the device), seed 001 on one canvas, and the models on device 0 only (the split over two devices keeps
+    device 1 in the run): the dry runs check the GPU check's own code, which is the same at every budget and device
+    (the simulated-device tests run all of them)."""
     import dataclasses
 
-    def partial_only(budgets: dict) -> dict:
-        return {"partial": budgets["partial"]} if "partial" in budgets else budgets
+    def full_and_partial(budgets: dict) -> dict:
+        kept = {name: mb for name, mb in budgets.items() if name in ("full", "partial")}
+        return kept or budgets
 
     monkeypatch.setattr(seed_scenarios, "SCENARIOS", tuple(
-        dataclasses.replace(scenario, resident_mb=partial_only(scenario.resident_mb))
+        dataclasses.replace(scenario, resident_mb=full_and_partial(scenario.resident_mb))
         for scenario in seed_scenarios.SCENARIOS if scenario.device_index == 0))
     monkeypatch.setattr(seed_scenarios, "VISION_TOWER_RESIDENT_MB",
-                        partial_only(seed_scenarios.VISION_TOWER_RESIDENT_MB))
+                        full_and_partial(seed_scenarios.VISION_TOWER_RESIDENT_MB))
     first_canvas = next(iter(seed_scenarios.VISION_TOWER_CANVASES.items()))
     monkeypatch.setattr(seed_scenarios, "VISION_TOWER_CANVASES", dict([first_canvas]))
 
 
-def test_its_scenario_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,
-                                                                              one_budget_each, tmp_path):
-    """The scenario part run once without a GPU, on the simulated 0.36/0.37 VAE core: every pack run passes (red,
-    found by this run: Music 3, which ComfyUI never splits, failed the split check at the partial budgets), the stock
-    runs are reported, seed 004 is skipped (CUDA has ``_int_mm``)."""
+H200_OFFSET = 0.37631547451019287  # what every H3 run on the H200 differed from the CPU by, stock and pack alike
+
+
+def shifted(runs: list[dict], offset: float, which) -> list[dict]:
+    """``runs`` with ``offset`` added to every output of the runs ``which`` selects."""
+    return [{**run, "result": {**run["result"], "tensors": {name: value + offset for name, value
+                                                            in run["result"]["tensors"].items()}}}
+            if which(run) else run for run in runs]
+
+
+def cpu_only_failures(gpu_check, runs: list[dict], cpu: dict) -> int:
+    """The old verdict: the pack's runs against the CPU, every key within TOLERANCE."""
+    return sum(not gpu_check.within(gpu_check.per_key(run["result"]["tensors"], cpu[run["cpu"]], run["compared"]),
+                                    gpu_check.TOLERANCE) for run in runs if run["pack"])
+
+
+def test_its_scenario_part_judges_on_the_device_with_the_simulated_device_standing_in_for_cuda(
+        gpu_check, simulated_cuda, two_budgets_each, tmp_path):
+    """The scenario part run once without a GPU, on the simulated 0.36/0.37 VAE core, one server per loaders and
+    memory manager with the budgets set through the probe: every pack run passes, "full" loads everything (stock's
+    VAE decode completes there: the group's fault-free run), the partial budgets split, seed 004 is skipped (CUDA
+    has ``_int_mm``); the same-device diffs are 0 (SAME_DEVICE_TOLERANCE's footing). Red controls on these runs: a
+    device that differs from the CPU by the H200's 0.376 everywhere fails the old CPU-only verdict and passes the
+    new one; a pack whose output is off by 5e-4 on the device passes the old one there and fails the new one."""
     import argparse
 
     from hotfix_testing import simulated_cores
 
     core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
-    rows, failed = gpu_check.scenario_part(argparse.Namespace(comfyui=core), tmp_path)
-    verdicts = {row["verdict"].split(":")[0] for row in rows if row["loaders"] == "pack"}
-    assert failed == 0 and verdicts == {"pass", "skipped"}, [row for row in rows if row["verdict"] == "FAIL"]
-    assert {row["scenario"] for row in rows if row["verdict"].startswith("skipped")} == {
-        s.name for s in seed_scenarios.SCENARIOS if not s.int_mm}
-    assert all(row["verdict"] == "reported" for row in rows if row["loaders"] != "pack"
-               and not row["verdict"].startswith("skipped"))
+    runs, cpu, skipped = gpu_check.scenario_runs(argparse.Namespace(comfyui=core), tmp_path)
+    rows, failed = gpu_check.judge(runs, cpu)
+    assert failed == 0 and {row["verdict"] for row in rows if row["loaders"] == "pack"} == {"pass"}, \
+        [row for row in rows if row["verdict"].startswith("FAIL")]
+    assert {row["scenario"] for row in skipped} == {s.name for s in seed_scenarios.SCENARIOS if not s.int_mm}
+    seed_000 = {(row["budget"], row["loaders"]): row for row in rows if row["scenario"] == "seed 000 H3 t2v"}
+    full_stock = seed_000["full", "stock (server without the pack)"]
+    assert full_stock["error"] is None and not full_stock["partial_load"], full_stock
+    assert seed_000["partial", "stock (server without the pack)"]["error"], "the bug shows at the partial budget"
+    assert all(row["judged_against"] == "fault-free run on this device" and row["max_abs_diff"] == 0
+               for row in rows if row["loaders"] == "pack" and row["scenario"].startswith("seed 000")), rows
+    assert any(diff for row in rows if row["vs_cpu"] for diff in row["vs_cpu"].values()), "the device is not the CPU"
+
+    on_the_h200 = shifted(runs, H200_OFFSET, lambda run: True)
+    assert cpu_only_failures(gpu_check, runs, cpu) == 0 and cpu_only_failures(gpu_check, on_the_h200, cpu) > 0
+    assert gpu_check.judge(on_the_h200, cpu)[1] == 0
+
+    broken = shifted(runs, 5e-4, lambda run: run["pack"] and run["name"] == "seed 000 H3 t2v")
+    assert cpu_only_failures(gpu_check, broken, cpu) == 0, "the old verdict lets 5e-4 through"
+    rows, failed = gpu_check.judge(broken, cpu)
+    assert failed == 2 and all("differs from the fault-free run on this device" in row["verdict"] for row in rows
+                               if row["loaders"] == "pack" and row["scenario"] == "seed 000 H3 t2v"), rows
 
 
 def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,
-                                                                                    one_budget_each, comfyui, tmp_path):
+                                                                                    two_budgets_each, comfyui,
+                                                                                    tmp_path):
     """The seed 001 part (``vision_tower_part``) run once without a GPU (ComfyUI 0.33.0 here), so its own code
-    (prompts, references, comparison, split and hook checks, verdicts) has run before a GPU is at hand."""
+    (prompts, budgets through the probe, references, judging) has run before a GPU is at hand."""
     import argparse
 
     rows, failed = gpu_check.vision_tower_part(argparse.Namespace(comfyui=Path(comfyui)), tmp_path)
-    verdicts = {(row["budget"], row["loaders"]): row["verdict"] for row in rows}
+    verdicts = {(row["budget"], row["loaders"]): row["verdict"].split(";")[0] for row in rows}
     assert failed == 0 and verdicts == {(budget, loaders): "pass" if loaders == "pack" else "reported"
                                         for budget in seed_scenarios.VISION_TOWER_RESIDENT_MB
                                         for loaders in ("stock (server without the pack)", "pack")}, rows
-    assert all(row["max_abs_diff"] <= 1e-4 for row in rows) and all(row["partial_load"] for row in rows
-                                                                    if row["budget"] != "full"), rows
+    assert all(row["judged_against"] == "fault-free run on this device" and row["max_abs_diff"] == 0
+               for row in rows), rows
+    assert all(row["partial_load"] is (row["budget"] != "full") for row in rows), rows
+
+
+def test_the_report_is_written_after_each_part(gpu_check, monkeypatch, tmp_path):
+    """A run cut off in its second part leaves the first part's report, whole."""
+    out = tmp_path / "report.json"
+    monkeypatch.setattr(gpu_check, "cannot_run", lambda args: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(gpu_check, "doctor_part", lambda comfyui: ({"exit_code": 0}, 0))
+
+    def cut_off(name, work):
+        raise KeyboardInterrupt("the device call's limit")
+
+    monkeypatch.setattr(gpu_check, "benchmark_part", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--comfyui", str(tmp_path), "--out", str(out), "--parts", "doctor,h3_fp16_overflow"])
+    report = json.loads(out.read_text())
+    assert report["doctor"] == {"exit_code": 0} and "h3_fp16_overflow" not in report
+    assert report["parts"] == ["doctor", "h3_fp16_overflow"] and not list(tmp_path.glob("*.partial"))
+
+
+def test_unknown_parts_are_refused(gpu_check, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--comfyui", ".", "--parts", "scenarios,vision"])
+    assert "unknown vision" in capsys.readouterr().err

@@ -13,6 +13,9 @@
 * ``POST /probe/load_args`` ``{"fp16_unet": bool}``: a command-line option that ComfyUI reads only when it loads a
   model (``LOAD_ARGS``), set on the running server: every model loaded after it is loaded as in a server started
   with (or without) that option, so that one server shows both.
+* ``POST /probe/reserve_vram`` ``{"gb": float}``: ``--reserve-vram`` set on the running server (ComfyUI reads it at
+  every load, through ``minimum_inference_memory()``), so that one server on a real GPU serves every budget
+  (benchmarks/gpu_check.py).
 """
 
 import asyncio
@@ -120,6 +123,15 @@ async def set_load_args(request):
     for name, value in body.items():
         setattr(args, name, bool(value))
     return web.json_response({name: getattr(args, name) for name in LOAD_ARGS})
+
+
+@server.PromptServer.instance.routes.post("/probe/reserve_vram")
+async def set_reserve_vram(request):
+    import comfy.model_management
+
+    gb = float((await request.json())["gb"])
+    comfy.model_management.EXTRA_RESERVED_VRAM = gb * 1024**3
+    return web.json_response({"reserved_mb": comfy.model_management.extra_reserved_memory() / 1024**2})
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}

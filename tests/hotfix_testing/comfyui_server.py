@@ -57,6 +57,8 @@ class SimulatedDevice:
     # MINIMAX_HOTFIX_DISABLE in the server, e.g. "ck_rope_device": that process-wide fix rescues a stock VAE as well,
     # so a server that must show the stock VAE's failure beside the pack switches it off
     switched_off: str = ""
+    # its matmuls and convolutions differ from the CPU's in the last bit, as a real GPU's (simulated_accelerator)
+    last_bit_differs: bool = False
 
     @property
     def loader(self) -> str:
@@ -73,26 +75,25 @@ class SimulatedDevice:
         return {**os.environ, "PYTHONPATH": path, simulated_accelerator.TOTAL_MB_ENV: str(self.total_mb),
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
                 simulated_accelerator.CURRENT_ENV: str(self.current),
+                simulated_accelerator.LAST_BIT_ENV: "1" if self.last_bit_differs else "0",
                 **({DISABLE_ENV: self.switched_off} if self.switched_off else {})}
 
 @dataclass(frozen=True)
 class CudaDevice:
-    """Start the server on real CUDA (benchmarks/gpu_check.py): ``--reserve-vram`` sets what ComfyUI's memory manager
-    may keep resident; ``index`` other than 0 is ``--default-device index`` (the other devices stay visible, but
+    """Start the server on real CUDA (benchmarks/gpu_check.py, which sets each budget's ``--reserve-vram`` on the
+    running server through the probe node); ``index`` other than 0 is ``--default-device index`` (the other devices stay visible, but
     ComfyUI renumbers them so that this one is ``cuda:0`` in the server). fp32 and TF32 off, so that outputs compare
     with a ``--cpu`` run; ``text_encoder``: text encoders on the GPU too, in fp32 (``--fp32-text-enc`` instead of
     ``--force-fp32``, which keeps them on the CPU)."""
 
-    reserve_vram_gb: float | None = None
     index: int = 0
     text_encoder: bool = False
     dynamic_vram: bool = False  # ComfyUI's default on NVIDIA; else --disable-dynamic-vram (the legacy loader)
 
     def options(self) -> tuple[str, ...]:
-        reserve = () if self.reserve_vram_gb is None else ("--reserve-vram", f"{self.reserve_vram_gb:.6f}")
         default = ("--default-device", str(self.index)) if self.index else ()
         legacy = () if self.dynamic_vram else ("--disable-dynamic-vram",)
-        return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *reserve, *default, *legacy)
+        return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *default, *legacy)
 
     def environment(self) -> dict:
         return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}

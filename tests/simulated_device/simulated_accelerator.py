@@ -16,6 +16,10 @@
   ``should_use_bf16`` answers yes for any NPU), so the device's own custom node (``simulated_device_routes``) makes
   ComfyUI's ``should_use_bf16`` ask it, as ComfyUI's XPU path asks ``torch.xpu.is_bf16_supported()``. Values stay
   the CPU's in every dtype: what the device lacks is ComfyUI's choice of bf16, not the arithmetic.
+* ``LAST_BIT_ENV=1``: a device whose kernels sum in another order than the CPU's, as a real GPU's do: every float
+  result of a matmul or a convolution on the device is moved one unit in the last place (``torch.nextafter``
+  towards +inf), so that its outputs differ from a ``--cpu`` run by what another reduction order gives, and
+  amplifies, while two runs on the device still agree bit for bit.
 * ``host_to_device()``: host-to-device copies per op (count, bytes) since ``reset_counters()``;
   ``host_to_device_by_shape()`` the same per source shape and dtype (``"2304x64 float16"``), so that a test can tell
   one tensor's traffic (a position table) from the weights'.
@@ -41,6 +45,7 @@ DEVICE_TYPE = "npu"
 TOTAL_MB_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_TOTAL_MB"
 INT_MM_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_INT_MM"  # "0": the device has no torch._int_mm
 BF16_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_BF16"  # "0": the device reports no bf16 (fp16 only)
+LAST_BIT_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_LAST_BIT"  # "1": matmuls and convolutions differ in the last bit
 CURRENT_ENV = "MINIMAX_HOTFIX_SIMULATED_DEVICE_CURRENT"  # the current device's index (ComfyUI loads models there)
 DEVICE_COUNT = 2
 DEVICE_NAME = "Simulated accelerator (CPU values)"
@@ -50,6 +55,8 @@ MPS_INT_MM_ERROR = "The operator 'aten::_int_mm' is not currently implemented fo
 aten = torch.ops.aten
 COPY_OPS = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten.copy.default,
             aten._copy_from_and_resize.default, aten.to.device, aten.to.dtype, aten.to.dtype_layout, aten.to.other}
+REDUCING_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+                aten.convolution.default}
 INDEX_OPS = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -59,6 +66,7 @@ _live: dict[int, weakref.ref] = {}  # id -> the device tensors alive (a WeakSet 
 _total_bytes = {index: 0 for index in range(DEVICE_COUNT)}
 _int_mm_available = True
 _bf16_supported = True
+_last_bit_differs = False
 _default_device = 0
 _host_to_device: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 _host_to_device_by_shape: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -205,6 +213,8 @@ def run_op(func, types, args, kwargs):
     plain_kwargs = tree_map(lambda value: to_cpu_device(unwrap(value)), kwargs)
     with device_work():
         out = func(*plain_args, **plain_kwargs)
+        if _last_bit_differs and func in REDUCING_OPS and out.is_floating_point():
+            out = torch.nextafter(out, torch.full_like(out, float("inf")))
     if func in COPY_OPS and result_device is not None:
         source = args[1] if func is aten.copy_.default else args[0]
         if isinstance(source, torch.Tensor) and not isinstance(source, DeviceTensor):
@@ -334,6 +344,11 @@ def set_int_mm(available: bool) -> None:
 def set_bf16(supported: bool) -> None:
     global _bf16_supported
     _bf16_supported = supported
+
+
+def set_last_bit_differs(differs: bool) -> None:
+    global _last_bit_differs
+    _last_bit_differs = differs
 
 
 def reset_counters() -> None:
@@ -486,6 +501,7 @@ def install(clear_cuda_version: bool = True) -> None:
     set_total_mb(float(os.environ.get(TOTAL_MB_ENV, "2048")))
     set_int_mm(os.environ.get(INT_MM_ENV, "1") != "0")
     set_bf16(os.environ.get(BF16_ENV, "1") != "0")
+    set_last_bit_differs(os.environ.get(LAST_BIT_ENV, "0") == "1")
     _default_device = int(os.environ.get(CURRENT_ENV, "0"))
     _installed = True
 
