@@ -1,34 +1,39 @@
-"""The opt-in GPU check: the end-to-end seed scenarios on real CUDA, the Music 3 CUDA-graph check and the doctor, in
-one command and one report, for the day an NVIDIA GPU is at hand (never in CI; about 7 minutes, at most 10).
+"""The opt-in GPU check: the end-to-end seed scenarios on real CUDA, the Music 3 CUDA-graph check, the H3 fp16
+benchmark and the doctor, in one command and one report, for the day an NVIDIA GPU is at hand (never in CI; about 7
+minutes is the goal, at most 10).
 
-    python benchmarks/gpu_check.py --comfyui PATH [--out report.json]
+    python benchmarks/gpu_check.py --comfyui PATH [--out report.json] [--parts scenarios,vision_tower,...]
 
-Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build of torch installed).
+Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build of torch installed; a bare machine:
+docs/testing.md, "A bare CUDA machine"). The report is written again, whole, after each part.
 
-1. scenarios: every scenario of tests/hotfix_testing/seed_scenarios.py, the list the simulated-device tests run, at each of its
-   budgets, once in a server without the pack (stock loaders) and once with it (the pack's), with the scenario's
-   loader: dynamic VRAM (ComfyUI's default on NVIDIA) or the legacy one (``--disable-dynamic-vram``), on that
-   ComfyUI as it is: ``--reserve-vram`` is set so that ComfyUI's own free-memory reading (``torch.cuda.mem_get_info`` in the
-   server, read from ``/system_stats`` of a first server) leaves exactly the scenario's resident MB beyond
-   ``minimum_inference_memory()``, so ComfyUI itself decides the partial loads; ``NVIDIA_TF32_OVERRIDE=0`` and fp32
-   so that outputs compare with an all-CPU (``--cpu``) run of the same graph. The multi-device scenarios need two
-   CUDA devices, otherwise they are reported skipped; "models on device 1" runs with ``--default-device 1``, which
-   in ComfyUI renumbers the devices so that the second GPU is ``cuda:0`` in the server: it checks the second card,
-   not a model on a device index other than 0 (that case is the simulated device's, ``npu:1``); the split one puts
-   the video VAE on ``cuda:1`` with ComfyUI's Select VAE Device;
-2. seed 001 (``vision_tower_part``): the H3 reference-to-video conditioning with the tiny text encoder on the GPU
-   (fp32: ``--fp32-text-enc``, since ``--force-fp32`` keeps text encoders on the CPU), at the budgets of
-   tests/hotfix_testing/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between prompts;
-3. benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy, speed, pinning;
-4. benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32 off), plain fp16
-   and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
-5. ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
+1. scenarios: every scenario of tests/hotfix_testing/seed_scenarios.py, the list the simulated-device tests run, at
+   each of its budgets, stock (a server without the pack) and pack, with the scenario's loader: dynamic VRAM
+   (ComfyUI's default on NVIDIA) or the legacy one (``--disable-dynamic-vram``), on that ComfyUI as it is. One server
+   per (loaders, device, memory manager) serves every budget: ``set_budget`` sets ``--reserve-vram`` on it through
+   the probe node before each prompt, so that ComfyUI's own free-memory reading leaves the budget's resident MB
+   beyond ``minimum_inference_memory()`` and ComfyUI itself decides the partial loads; "full" reserves nothing.
+   ``NVIDIA_TF32_OVERRIDE=0`` and fp32. The ``--cpu`` references run beside the GPU servers. Multi-device scenarios
+   need two CUDA devices, otherwise they are reported skipped; "models on device 1" runs with ``--default-device 1``,
+   which in ComfyUI renumbers the devices so that the second GPU is ``cuda:0`` in the server: it checks the second
+   card, not a model on a device index other than 0 (that case is the simulated device's, ``npu:1``); the split one
+   puts the video VAE on ``cuda:1`` with ComfyUI's Select VAE Device;
+2. vision_tower, seed 001: the H3 reference-to-video conditioning with the tiny text encoder on the GPU (fp32:
+   ``--fp32-text-enc``, since ``--force-fp32`` keeps text encoders on the CPU), at the budgets of
+   tests/hotfix_testing/seed_scenarios.py's ``VISION_TOWER_RESIDENT_MB``, in servers that keep their models between
+   prompts;
+3. music3_graph_capture: benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy,
+   speed, pinning;
+4. h3_fp16_overflow: benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32
+   off), plain fp16 and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
+5. doctor: ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
-A scenario run passes when the pack's run completes, equals the CPU run within TOLERANCE, the budget split the
-models as intended (legacy loader: a partial load logged at the "partial" and "smallest" budgets, except where
-ComfyUI never splits them: Music 3's text encoder and DAV; dynamic VRAM logs no partial loads), and the scenario's fix, where the start-up log says it is needed on that core,
-hooked more than 0 modules. The stock runs are reported, not
-judged: whether they fail depends on the ComfyUI core at PATH.
+A pack run passes (``judge``) when it completes, ComfyUI loaded every model completely at "full" and split them at
+"partial" and "smallest" (legacy loader, except where ComfyUI never splits them: Music 3's text encoder and DAV), the
+scenario's fix, where the start-up log says it is needed, hooked more than 0 modules, and its outputs equal, key by
+key, stock's fault-free run on the same device (stock at "full", every model loaded) within SAME_DEVICE_TOLERANCE,
+and the CPU's within TOLERANCE on the keys where that fault-free run equals the CPU's. The stock runs are reported,
+not judged: whether they fail depends on the ComfyUI core at PATH.
 
 Exit status: 0 every check passed, 1 a check failed, 2 the check cannot run here (no CUDA, no ComfyUI at PATH).
 """
