@@ -300,14 +300,15 @@ def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
                     result = seed_scenarios.run(running, workflow, tag, make_prompt=scenario.make_prompt,
                                                 probes=scenario.probes)
                     fix = scenario.fix.split("@")[0] if scenario.fix else None
+                    state = seed_scenarios.fix_state(running[2], fix) if fix else None
                     runs.append({"name": scenario.name, "group": (scenario.name, index), "budget": run["budget"],
                                  "pack": pack, "result": result, "compared": scenario.compared,
                                  "cpu": (scenario.workflow, scenario.make_prompt, scenario.probes),
                                  "split_expected": (scenario.splits and loader != "dynamic"
                                                     and run["budget"] in PARTIAL_BUDGETS),
-                                 "needed": {scenario.fix: seed_scenarios.fix_state(running[2], fix)} if fix else {},
+                                 "needed": {scenario.fix: state} if fix else {},
                                  "report": {"loader": loader, "reserve_vram_gb": reserve, "device": f"cuda:{index}",
-                                            "fix_state": seed_scenarios.fix_state(running[2], fix) if fix else None}})
+                                            "fix_state": state}})
                     print(f"{scenario.name} | {run['budget']} | {'pack' if pack else 'stock'} | "
                           f"{result['error'] or 'completed'} | loads {'/'.join(result['loads'])}", flush=True)
         cpu = references()

@@ -256,8 +256,7 @@ def tiny_h3_state(model: torch.nn.Module, overflow: bool, seed: int = 0) -> dict
     state = {}
     for name, tensor in model.state_dict().items():
         fan_in = tensor.shape[-1] if tensor.dim() > 1 else 1
-        if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight") \
-                or name.endswith("q_norm.weight") or name.endswith("k_norm.weight"):
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):  # q_norm, k_norm, final_norm too
             value = torch.ones(tensor.shape)
         elif name.endswith(".bias"):
             value = torch.zeros(tensor.shape)
