@@ -24,9 +24,14 @@ docs/testing.md, "A bare CUDA machine"). The report is written again, whole, aft
    prompts;
 3. music3_graph_capture: benchmarks/music3_graph_capture.py (its ``main``): graph replay noise, capture policy,
    speed, pinning;
-4. h3_fp16_overflow: benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32
+4. music3_graphs_comfyui: the Music 3 workflow through ComfyUI's own AR loop with CUDA graphs, under dynamic VRAM with
+   the text encoder on the GPU, on the simulated cores MUSIC3_GRAPH_CORES (built from ../shared/comfyui beside the
+   checkout), stock and pack, each with graphs on and off (``--disable-cuda-graphs`` set on the running server):
+   stock's stale-replay noise where the fix is needed, the pack equal to graphs off with its units captured, a no-op
+   where upstream fixed it, and the time per AR frame both ways (``music3_graphs_part``);
+5. h3_fp16_overflow: benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32
    off), plain fp16 and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
-5. doctor: ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
+6. doctor: ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
 A pack run passes (``judge``) when it completes, ComfyUI loaded every model completely at "full" and split them at
 "partial" and "smallest" (legacy loader, except where ComfyUI never splits them: Music 3's text encoder and DAV), the
@@ -66,7 +71,9 @@ TOLERANCE = 1e-3
 # load casts the same weights per layer), so bit for bit on the simulated device (tests/test_gpu_check.py); the room
 # is for cuBLAS choosing another fp32 algorithm between loads, about 1e-6 relative per op.
 SAME_DEVICE_TOLERANCE = 1e-5
-PARTS = ("scenarios", "vision_tower", "music3_graph_capture", "h3_fp16_overflow", "doctor")
+PARTS = ("scenarios", "vision_tower", "music3_graph_capture", "music3_graphs_comfyui", "h3_fp16_overflow", "doctor")
+# the cores of the Music 3 CUDA-graph part: stale replay without the pack (#15861 before #16428), and fixed upstream
+MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
 PARTIAL_BUDGETS = ("partial", "smallest")
 
 
@@ -382,6 +389,89 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
     return rows, failed
 
 
+def judge_music3_graphs(core: str, runs: dict, compared) -> tuple[list[dict], int]:
+    """The rows of one core's Music 3 graph runs and the number of failed checks. ``runs``: {(pack, graphs): run},
+    a run holding ``result`` (``seed_scenarios.run``'s), ``loops`` (the probe's AR loops) and ``state`` (the start-up
+    log's word on music3_graph_buffers: the pack's server says it for the core). A pack run fails unless it completes, captures graph units with graphs on,
+    and equals stock with graphs off within SAME_DEVICE_TOLERANCE; where upstream fixed the bug, the buffers fix
+    must attach nothing. Stock with graphs on where the fix is needed is the red control: it must differ from
+    graphs off beyond TOLERANCE (the stale replay's noise), or the check has shown nothing."""
+    graphs_off = runs[False, False]["result"]["tensors"]
+    state = runs[True, True]["state"]
+    rows, failed = [], 0
+    for (pack, graphs), run in sorted(runs.items()):
+        result, loops = run["result"], run["loops"]
+        vs_graphs_off = per_key(result["tensors"], graphs_off, compared)
+        frames, seconds = sum(loop["frames"] for loop in loops), sum(loop["seconds"] for loop in loops)
+        units = max((loop["graph_units"] for loop in loops), default=0)
+        problems = [] if result["error"] is None else [f"error: {result['error'][:120]}"]
+        if pack:
+            problems += ["no graph unit captured with graphs on"] * (graphs and units == 0)
+            problems += [f"differs from stock with graphs off: {vs_graphs_off}"] * (
+                not within(vs_graphs_off, SAME_DEVICE_TOLERANCE))
+            problems += ["music3_graph_buffers attached where it is not needed"] * (state != "needed" and any(
+                "music3_graph_buffers attached" in line for line in result["fix_lines"]))
+            verdict = "pass" if not problems else "FAIL: " + "; ".join(problems)
+        elif graphs and state == "needed":
+            problems += ["the stale replay did not reproduce: equal to graphs off"] * within(vs_graphs_off, TOLERANCE)
+            verdict = "red control: noise, as users met it" if not problems else "FAIL: " + "; ".join(problems)
+        else:
+            verdict = "reported"
+        failed += verdict.startswith("FAIL")
+        rows.append({"core": core, "loaders": "pack" if pack else "stock (server without the pack)",
+                     "graphs": "on" if graphs else "off (--disable-cuda-graphs)", "buffers_fix": state,
+                     "error": result["error"], "graph_units": units, "frames": frames,
+                     "ms_per_frame": round(1000 * seconds / frames, 3) if frames else None,
+                     "vs_stock_graphs_off": vs_graphs_off, "verdict": verdict})
+    return rows, failed
+
+
+def music3_graph_runs(work: Path) -> tuple[dict[str, dict], tuple[str, ...]]:
+    """The Music 3 workflow through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core: runs}, as
+    ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders) under dynamic VRAM
+    with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on, then off."""
+    from hotfix_testing import seed_scenarios, simulated_cores, synthetic_models
+    from hotfix_testing.comfyui_server import CudaDevice, http
+
+    models = work / "music3_models"
+    synthetic_models.write_models(models)
+    scenario = seed_scenarios.named("seed 002 Music 3, dynamic VRAM")
+    workflows = dict(zip((True, False), seed_scenarios.workflows(scenario.workflow), strict=True))
+    by_core = {}
+    for index, core_name in enumerate(MUSIC3_GRAPH_CORES):
+        core = simulated_cores.build_core(core_name, work / f"music3_core_{index}" / "ComfyUI")
+        runs = by_core[core_name] = {}
+        for pack in (False, True):
+            with server(core, models, work, CudaDevice(text_encoder=True, dynamic_vram=True), pack) as running:
+                state = seed_scenarios.fix_state(running[2], "music3_graph_buffers")
+                for graphs in (True, False):
+                    http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
+                    result = seed_scenarios.run(running, workflows[pack], f"music3_{index}_{pack:d}{graphs:d}",
+                                                make_prompt=scenario.make_prompt, probes=scenario.probes)
+                    loops = json.loads(http(running[0] + "/probe/music3_generate")[1])
+                    runs[pack, graphs] = {"result": result, "loops": loops, "state": state}
+                    print(f"Music 3 graphs | {core_name} | {'pack' if pack else 'stock'} | graphs "
+                          f"{'on' if graphs else 'off'} | {result['error'] or 'completed'} | {loops}", flush=True)
+    return by_core, scenario.compared
+
+
+def music3_graphs_part(work: Path) -> tuple[list[dict], int]:
+    from hotfix_testing import simulated_cores
+
+    if not simulated_cores.available():
+        return [{"verdict": "skipped: the simulated cores need ../shared/comfyui beside the checkout"}], 0
+    by_core, compared = music3_graph_runs(work)
+    rows, failed = [], 0
+    for core, runs in by_core.items():
+        core_rows, core_failed = judge_music3_graphs(core, runs, compared)
+        rows += core_rows
+        failed += core_failed
+    for row in rows:
+        print(" | ".join(str(row[key]) for key in ("core", "loaders", "graphs", "graph_units", "ms_per_frame",
+                                                    "verdict")), flush=True)
+    return rows, failed
+
+
 def benchmark_part(name: str, work: Path) -> tuple[dict, int]:
     """benchmarks/NAME.py's ``main`` at its CUDA defaults: its exit code and its figures."""
     module = importlib.import_module(f"minimax_hotfix.benchmarks.{name}")
@@ -423,6 +513,7 @@ def main(argv=None) -> int:
         parts = {"scenarios": lambda: scenario_part(args, Path(work)),
                  "vision_tower": lambda: vision_tower_part(args, Path(work)),
                  "music3_graph_capture": lambda: benchmark_part("music3_graph_capture", Path(work)),
+                 "music3_graphs_comfyui": lambda: music3_graphs_part(Path(work)),
                  "h3_fp16_overflow": lambda: benchmark_part("h3_fp16_overflow", Path(work)),
                  "doctor": lambda: doctor_part(args.comfyui)}
         for part in args.parts:

@@ -187,6 +187,42 @@ def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cu
     assert all(row["partial_load"] is (row["budget"] != "full") for row in rows), rows
 
 
+def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyui(gpu_check, comfyui, monkeypatch,
+                                                                                  tmp_path):
+    """The Music 3 graph part (``music3_graph_runs``) run once without a GPU: servers on the simulated device with
+    dynamic VRAM, the text encoder on the device and the AR loop on the emulated CUDA graphs
+    (hotfix_testing/emulated_graphs.py). On the post-#15861 core stock with graphs is noise and the pack equals
+    graphs off with its units captured; on the fixed core the pack attaches no buffers and equals stock. Red
+    controls of the verdict: a pack whose graphed output is off by 5e-4, and a stock core that does not show the
+    noise, both fail."""
+    from hotfix_testing import comfyui_server, simulated_cores
+
+    if not simulated_cores.available():
+        pytest.skip("needs ../shared/comfyui (the simulated cores)")
+    monkeypatch.setattr(comfyui_server, "CudaDevice", lambda index=0, text_encoder=False, dynamic_vram=False:
+                        comfyui_server.SimulatedDevice(total_mb=FREE_MB, force_fp32=not text_encoder,
+                                                       dynamic_vram=dynamic_vram, emulated_graphs=True))
+    by_core, compared = gpu_check.music3_graph_runs(tmp_path)
+    stale, fixed = gpu_check.MUSIC3_GRAPH_CORES
+    rows = {(row["core"], row["loaders"].split()[0], row["graphs"].split()[0]): row
+            for core, runs in by_core.items() for row in gpu_check.judge_music3_graphs(core, runs, compared)[0]}
+    assert all(gpu_check.judge_music3_graphs(core, runs, compared)[1] == 0 for core, runs in by_core.items()), rows
+    assert rows[stale, "stock", "on"]["verdict"].startswith("red control") and rows[stale, "pack", "on"]["buffers_fix"] == "needed"
+    assert max(rows[stale, "stock", "on"]["vs_stock_graphs_off"].values()) > 1.0, rows[stale, "stock", "on"]
+    assert rows[fixed, "pack", "on"]["buffers_fix"] == "fixed upstream"
+    for (core, loaders, graphs), row in rows.items():
+        assert row["error"] is None and (row["graph_units"] > 0) is (graphs == "on"), row
+        if loaders == "pack" or core == fixed:
+            assert set(row["vs_stock_graphs_off"].values()) == {0.0}, row
+
+    runs = by_core[stale]
+    off_by = {**runs, (True, True): {**runs[True, True], "result": {**runs[True, True]["result"], "tensors": {
+        name: value + 5e-4 for name, value in runs[True, True]["result"]["tensors"].items()}}}}
+    assert gpu_check.judge_music3_graphs(stale, off_by, compared)[1] == 1
+    no_noise = {**runs, (False, True): runs[False, False]}
+    assert gpu_check.judge_music3_graphs(stale, no_noise, compared)[1] == 1
+
+
 def test_the_report_is_written_after_each_part(gpu_check, monkeypatch, tmp_path):
     """A run cut off in its second part leaves the first part's report, whole."""
     out = tmp_path / "report.json"

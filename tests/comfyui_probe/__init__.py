@@ -10,15 +10,22 @@
   amplifies the sampled latent's last-bit differences far beyond any tolerance.
 * ``POST /probe/unload_models`` ``{"free_memory": bool}``: what the ``/free`` route asks of the prompt worker,
   returned once the worker has taken the request, so the next prompt starts with nothing loaded.
-* ``POST /probe/load_args`` ``{"fp16_unet": bool}``: a command-line option that ComfyUI reads only when it loads a
-  model (``LOAD_ARGS``), set on the running server: every model loaded after it is loaded as in a server started
-  with (or without) that option, so that one server shows both.
+* ``POST /probe/load_args`` ``{"fp16_unet": bool, "disable_cuda_graphs": bool}``: a command-line option that
+  ComfyUI reads only when it loads a model or runs it (``LOAD_ARGS``), set on the running server: what runs after it
+  runs as in a server started with (or without) that option, so that one server shows both.
+* ``GET /probe/music3_generate``: each Music 3 AR loop (``MiniMaxMusic3AR.generate``) since the last request: its
+  seconds, frames and the graph units it captured (CUDA: ``comfy.model_prefetch.GRAPH_MODULES`` before ComfyUI's
+  clean-up after the node; the emulation's on the CPU).
+* With ``EMULATED_GRAPHS_ENV`` set, the server's Music 3 AR loop runs on the emulated CUDA graphs
+  (tests/hotfix_testing/emulated_graphs.py), so that a CPU or simulated-device server shows what graphs do.
 * ``POST /probe/reserve_vram`` ``{"gb": float}``: ``--reserve-vram`` set on the running server (ComfyUI reads it at
   every load, through ``minimum_inference_memory()``), so that one server on a real GPU serves every budget
   (benchmarks/gpu_check.py).
 """
 
 import asyncio
+import contextlib
+import functools
 import gc
 import importlib.util
 import os
@@ -32,11 +39,18 @@ from aiohttp import web
 from comfy.cli_args import args
 from safetensors.torch import save_file
 
+
 # loaded from its file: the server's path holds ComfyUI, not the tests (tests/hotfix_testing/synthetic_models.py)
-_spec = importlib.util.spec_from_file_location(
-    "minimax_hotfix_test_synthetic_models", Path(__file__).resolve().parents[1] / "hotfix_testing" / "synthetic_models.py")
-synthetic_models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(synthetic_models)
+def _testing_module(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"minimax_hotfix_test_{name}", Path(__file__).resolve().parents[1] / "hotfix_testing" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+synthetic_models = _testing_module("synthetic_models")
+emulated_graphs = _testing_module("emulated_graphs")
 for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):
     _patcher.start()
 
@@ -110,9 +124,9 @@ async def unload_models(request):
     return web.json_response({"taken": False}, status=504)
 
 
-# ComfyUI's options (``comfy.cli_args.args``) read at each model load and nowhere at start-up: ``--fp16-unet`` by
-# ``comfy.model_management.unet_dtype`` alone
-LOAD_ARGS = {"fp16_unet"}
+# ComfyUI's options (``comfy.cli_args.args``) read at each model load or run and nowhere at start-up: ``--fp16-unet``
+# by ``comfy.model_management.unet_dtype`` alone, ``--disable-cuda-graphs`` at each ``prefetch_queue_pop``
+LOAD_ARGS = {"fp16_unet", "disable_cuda_graphs"}
 
 
 @server.PromptServer.instance.routes.post("/probe/load_args")
@@ -132,6 +146,50 @@ async def set_reserve_vram(request):
     gb = float((await request.json())["gb"])
     comfy.model_management.EXTRA_RESERVED_VRAM = gb * 1024**3
     return web.json_response({"reserved_mb": comfy.model_management.extra_reserved_memory() / 1024**2})
+
+
+def _record_music3_generate():
+    """Wraps ``MiniMaxMusic3AR.generate`` (where this core has Music 3) to record each AR loop; with
+    EMULATED_GRAPHS_ENV, runs it on the emulated graphs, dropped after each loop as ComfyUI drops its graphs."""
+    try:
+        import comfy.ldm.minimax_music.ar as ar
+        import comfy.model_prefetch as prefetch
+    except ImportError:
+        return
+    emulated = os.environ.get(emulated_graphs.EMULATED_GRAPHS_ENV) == "1"
+    emulation = None
+    generate = ar.MiniMaxMusic3AR.generate
+
+    @functools.wraps(generate)
+    def recorded(self, *call_args, **kwargs):
+        nonlocal emulation
+        if emulated:
+            if emulation is None:  # at the first loop: the pack has read the real code at start-up by then
+                emulation = SERVER_LIFETIME.enter_context(emulated_graphs.emulated_graph_path(prefetch))
+            emulation.enabled = not args.disable_cuda_graphs
+            emulation.reset()
+            emulated_graphs.mark_units(self)
+        started = time.perf_counter()
+        frames = generate(self, *call_args, **kwargs)
+        seconds = time.perf_counter() - started  # generate returns its frames on the CPU: the device has finished
+        units = len(emulation.graphs) if emulation is not None else len(getattr(prefetch, "GRAPH_MODULES", ()))
+        MUSIC3_GENERATE.append({"seconds": seconds, "frames": int(frames.shape[0]), "graph_units": units,
+                                "graphs": not args.disable_cuda_graphs})
+        return frames
+
+    ar.MiniMaxMusic3AR.generate = recorded
+
+
+MUSIC3_GENERATE = []
+SERVER_LIFETIME = contextlib.ExitStack()  # what the probe keeps entered for as long as the server runs
+_record_music3_generate()
+
+
+@server.PromptServer.instance.routes.get("/probe/music3_generate")
+async def music3_generate(request):
+    records = list(MUSIC3_GENERATE)
+    del MUSIC3_GENERATE[:len(records)]
+    return web.json_response(records)
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}

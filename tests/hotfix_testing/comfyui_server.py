@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hotfix_testing.emulated_graphs import EMULATED_GRAPHS_ENV
 from minimax_hotfix.registry import DISABLE_ENV
 
 # A server start or a prompt fails when its log has not grown for this long (the work's own pace, not a guess of the
@@ -59,6 +60,8 @@ class SimulatedDevice:
     switched_off: str = ""
     # its matmuls and convolutions differ from the CPU's in the last bit, as a real GPU's (simulated_accelerator)
     last_bit_differs: bool = False
+    # its Music 3 AR loop on the emulated CUDA graphs (hotfix_testing/emulated_graphs.py, run by the test probe)
+    emulated_graphs: bool = False
 
     @property
     def loader(self) -> str:
@@ -76,7 +79,8 @@ class SimulatedDevice:
                 simulated_accelerator.INT_MM_ENV: "1" if self.int_mm else "0",
                 simulated_accelerator.CURRENT_ENV: str(self.current),
                 simulated_accelerator.LAST_BIT_ENV: "1" if self.last_bit_differs else "0",
-                **({DISABLE_ENV: self.switched_off} if self.switched_off else {})}
+                **({DISABLE_ENV: self.switched_off} if self.switched_off else {}),
+                **({EMULATED_GRAPHS_ENV: "1"} if self.emulated_graphs else {})}
 
 @dataclass(frozen=True)
 class CudaDevice:

@@ -3,12 +3,12 @@ back from a file the ``gguf`` package wrote), the checks every Music 3 fix objec
 text encoder, and Music 3's graphed AR loop emulated on the CPU."""
 
 import contextlib
-import types
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from hotfix_testing.emulated_graphs import emulated_graph_path
 from minimax_hotfix.contract import State
 from minimax_hotfix.diagnostics import self_test
 from minimax_hotfix.diagnostics.emulated_capture import emulated_capture
@@ -114,68 +114,12 @@ FRAMES = 6
 GGUF_LAYER = 1
 
 
-def eager_flash_attention_decode(q, k, v, kv_lengths):
-    """What comfy-kitchen's CUDA decode kernel computes: q (b, 1, hq, d) over the first kv_lengths cache slots."""
-    groups = q.shape[2] // k.shape[2]
-    filled = torch.arange(k.shape[1])[None, :] < kv_lengths[:, None]
-    # slots past kv_lengths are never read (the cache is torch.empty): zero them instead of multiplying garbage by 0
-    k, v = (t.masked_fill(~filled[:, :, None, None], 0).repeat_interleave(groups, dim=2).float() for t in (k, v))
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~filled[:, None, None, :], float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).to(q.dtype)
-
-
-class EmulatedPrefetch:
-    """``prefetch_queue_pop`` for CPU: same gate and warm-up / capture / replay as the real one (no queues on CPU)."""
-
-    def __init__(self):
-        self.enabled = True  # False: as with --disable-cuda-graphs
-        self.graphs = {}
-        self.warmed = set()
-
-    def __call__(self, queue, device, module, dtype=None, core=None, enable_graph=False, generator=None, **_):
-        if core is None:
-            return
-        if not (self.enabled and enable_graph and getattr(module, "_v_block", None) is not None):
-            core()
-        elif module in self.graphs:
-            self.graphs[module]()
-        elif module in self.warmed:
-            # A graph keeps the addresses core() touched now; a closure called later would see the forward's loop
-            # variables as they are then, so the capture keeps core() with its variables frozen at this step.
-            frozen = types.FunctionType(core.__code__, core.__globals__, core.__name__, core.__defaults__,
-                                        tuple(types.CellType(cell.cell_contents) for cell in core.__closure__))
-            with emulated_capture(host_data_is_copy=True):
-                frozen()
-            self.graphs[module] = frozen
-        else:
-            core()
-            self.warmed.add(module)
-
-
 @contextlib.contextmanager
 def emulated_graphs(prefetch):
-    """Music 3's graphed path on the CPU: comfy-kitchen's CUDA decode kernel replaced by its eager reference (so
-    ``Llama2_`` builds ``FixedKV`` caches and takes its graphed-decode branch), ``prefetch``'s (the core's
-    ``comfy.model_prefetch``) ``prefetch_queue_pop`` by the emulation, which it yields; all put back afterwards."""
-    import comfy_kitchen
-
-    emulation = EmulatedPrefetch()
-    replaced = [(comfy_kitchen, "flash_attention_decode_is_available", lambda device: True),
-                (comfy_kitchen, "flash_attention_decode", eager_flash_attention_decode),
-                (prefetch, "prefetch_queue_pop", emulation)]
-    if hasattr(prefetch, "malloc_graph_enabled"):
-        # a core with the Comfy Compiler's graph-scoped allocation (#16428's AR loop passes its decode buffers only
-        # when it is on): on for as long as the emulated graphs are, as on a CUDA machine with comfy-aimdo
-        replaced.append((prefetch, "malloc_graph_enabled", lambda device: emulation.enabled))
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in replaced]
-    for owner, name, value in replaced:
-        setattr(owner, name, value)
-    try:
+    """Music 3's graphed path on the CPU (hotfix_testing/emulated_graphs.py) with the emulated capture rules, where a
+    tensor made from Python data is the host copy it is on a GPU."""
+    with emulated_graph_path(prefetch, lambda: emulated_capture(host_data_is_copy=True)) as emulation:
         yield emulation
-    finally:
-        for owner, name, value in originals:
-            setattr(owner, name, value)
 
 
 def music3_text_encoder(music, q4_0_weight=None, units="get_dynamic_vram__units"):
@@ -198,8 +142,7 @@ def music3_text_encoder(music, q4_0_weight=None, units="get_dynamic_vram__units"
 
 def generate(encoder, graphs, enabled):
     graphs.enabled = enabled
-    graphs.graphs.clear()
-    graphs.warmed.clear()
+    graphs.reset()
     with torch.no_grad():
         return encoder.generate(torch.tensor(PROMPT), seed=3, max_audio_frames=FRAMES, device=torch.device("cpu"))
 
