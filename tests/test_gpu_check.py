@@ -133,6 +133,52 @@ def cpu_only_failures(gpu_check, runs: list[dict], cpu: dict) -> int:
                                     gpu_check.TOLERANCE) for run in runs if run["pack"])
 
 
+H3_FIXED_AUDIO_LATENT = (1, 32, 2, 8)  # the audio part of seed 000's latent: the probe's fixed latent has its shape
+
+
+def rounding_spread(state: dict) -> float:
+    """How far rounding alone moves a synthetic H3 audio VAE's decode of the probe's fixed latent
+    (``TestProbeFixedLatent``): max abs diff between its fp32 and its fp64 decode."""
+    import comfy.sd
+
+    from hotfix_testing import synthetic_models
+
+    patchers = synthetic_models.tiny_config_patches()
+    for patcher in patchers:
+        patcher.start()
+    try:
+        model = comfy.sd.VAE(sd=dict(state)).first_stage_model
+    finally:
+        for patcher in patchers:
+            patcher.stop()
+    latent = torch.randn(H3_FIXED_AUDIO_LATENT, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        single = model.float().decode(latent).double()
+        double = model.double().decode(latent.double())
+    return (single - double).abs().max().item()
+
+
+def test_the_synthetic_h3_audio_vae_decodes_above_rounding_where_random_filters_left_it_at_the_clamp(gpu_check,
+                                                                                                     comfyui):
+    """The first GPU run's 0.376, the same to the last digit in every completed H3 run, points at the fixed-latent
+    audio: the one compared output that depends on nothing the budgets, loaders or pack change. The synthetic audio VAE had random
+    anti-aliasing filters and full-size residual branches; its output sat at the clamp, each sample the sign of a sum
+    of terms up to 4e5, so fp32 rounding alone flipped samples, and a GPU sums in another order than the CPU. Red: that
+    writer's state, fp32 against fp64, 1.0 or more apart. Green: the writer's state now, within a hundredth of the
+    check's TOLERANCE."""
+    from hotfix_testing import synthetic_models
+
+    state = synthetic_models.h3_audio_vae(torch.Generator().manual_seed(synthetic_models.SEED))
+    generator = torch.Generator().manual_seed(synthetic_models.SEED)
+    random_filters = {key: synthetic_models.random_like(value.shape, value.dtype, generator)
+                      if key.endswith(".filter") else value for key, value in state.items()}
+    full_branches = {key: value / synthetic_models.AUDIO_RESIDUAL_BRANCH_SCALE
+                     if ".convs2." in key and key.endswith(".weight") else value
+                     for key, value in random_filters.items()}
+    assert rounding_spread(full_branches) >= 1.0
+    assert rounding_spread(state) <= gpu_check.TOLERANCE / 100
+
+
 def test_its_scenario_part_judges_on_the_device_with_the_simulated_device_standing_in_for_cuda(
         gpu_check, simulated_cuda, two_budgets_each, tmp_path):
     """The scenario part run once without a GPU, on the simulated 0.36/0.37 VAE core, one server per loaders and
@@ -168,6 +214,37 @@ def test_its_scenario_part_judges_on_the_device_with_the_simulated_device_standi
     rows, failed = gpu_check.judge(broken, cpu)
     assert failed == 2 and all("differs from the fault-free run on this device" in row["verdict"] for row in rows
                                if row["loaders"] == "pack" and row["scenario"] == "seed 000 H3 t2v"), rows
+
+
+def test_its_h3_divergence_part_traces_every_module_call_and_names_the_first_that_parts(gpu_check, simulated_cuda,
+                                                                                        monkeypatch, tmp_path):
+    """The H3 divergence part run once without a GPU, on the simulated 0.36/0.37 VAE core: the device run and the
+    ``--cpu`` run make the same module calls, and with the device's matmuls and convolutions off in the last bit no
+    call's output parts beyond DIVERGENCE. Red controls on the two traces: one call's output changed (the first
+    audio VAE call, as a GPU kernel that computed otherwise), a call missing, a run cut short: each is named."""
+    import argparse
+
+    from hotfix_testing import simulated_cores
+
+    core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
+    traces, traced_run = {}, gpu_check.traced_run  # by tag: the CPU run is in a thread beside the device's
+    monkeypatch.setattr(gpu_check, "traced_run", lambda running, workflow, scenario, tag: traces.setdefault(
+        tag, traced_run(running, workflow, scenario, tag)))
+    report, failed = gpu_check.h3_divergence_part(argparse.Namespace(comfyui=core), tmp_path)
+    assert failed == 0 and report["errors"] == {"cpu": None, "device": None}, report
+    assert report["first_divergence"] is None and report["calls"]["cpu"] == report["calls"]["device"] > 1000, report
+    assert all(diff <= gpu_check.TOLERANCE for diff in report["vs_cpu"].values()), report
+
+    (_, cpu), (_, device) = traces["divergence_cpu"], traces["divergence_device"]
+    audio = next(index for index, call in enumerate(device) if ".audio_vae." in call[0])
+    changed = [*device[:audio], [*device[audio][:2], device[audio][2] * 1.01, device[audio][3]], *device[audio + 1:]]
+    assert gpu_check.first_divergence(cpu, changed) == {
+        "call": audio, "why": "its output differs", "cpu": cpu[audio], "device": changed[audio],
+        "before": cpu[audio - 3:audio]}
+    gone = next(index for index in range(audio, len(device)) if device[index][:2] != device[index + 1][:2])
+    assert gpu_check.first_divergence(cpu, device[:gone] + device[gone + 1:])["why"] == "another module or shape"
+    assert gpu_check.first_divergence(cpu, device[:-1]) == {
+        "call": len(device) - 1, "why": f"{len(cpu)} calls on the CPU, {len(device) - 1} on the device"}
 
 
 def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cuda(gpu_check, simulated_cuda,

@@ -6,8 +6,8 @@
 * ``TestProbeSaveTensors`` writes the tensors of its inputs to the output folder, so that a test compares runs
   bit for bit rather than through lossy encoders.
 * ``TestProbeFixedLatent`` gives a latent of the input's shape (the last part of a nested one: MiniMax H3's audio)
-  with fixed values, so that a decoder is compared on the same input on every device: the synthetic H3 audio VAE
-  amplifies the sampled latent's last-bit differences far beyond any tolerance.
+  with fixed values, so that a decoder is compared on the same input on every device, whatever the sampling before
+  it computed.
 * ``POST /probe/unload_models`` ``{"free_memory": bool}``: what the ``/free`` route asks of the prompt worker,
   returned once the worker has taken the request, so the next prompt starts with nothing loaded.
 * ``POST /probe/load_args`` ``{"fp16_unet": bool, "disable_cuda_graphs": bool}``: a command-line option that
@@ -16,6 +16,10 @@
 * ``GET /probe/music3_generate``: each Music 3 AR loop (``MiniMaxMusic3AR.generate``) since the last request: its
   seconds, frames and the graph units it captured (CUDA: ``comfy.model_prefetch.GRAPH_MODULES`` before ComfyUI's
   clean-up after the node; the emulation's on the CPU).
+* ``POST /probe/trace`` ``{"on": bool}``: on, every module call in the server from then on records its class and
+  its output's shape, L1 norm and largest magnitude (a forward hook on every module); off, the hook is removed and the
+  calls are returned, so that a run on a GPU and one on the CPU name the first module whose output parts
+  (benchmarks/gpu_check.py, ``first_divergence``).
 * With ``EMULATED_GRAPHS_ENV`` set, the server's Music 3 AR loop runs on the emulated CUDA graphs
   (tests/hotfix_testing/emulated_graphs.py), so that a CPU or simulated-device server shows what graphs do.
 * ``POST /probe/reserve_vram`` ``{"gb": float}``: ``--reserve-vram`` set on the running server (ComfyUI reads it at
@@ -190,6 +194,32 @@ async def music3_generate(request):
     records = list(MUSIC3_GENERATE)
     del MUSIC3_GENERATE[:len(records)]
     return web.json_response(records)
+
+
+def _fingerprint(module, args, output):
+    tensor = output if isinstance(output, torch.Tensor) else next(
+        (value for value in (output if isinstance(output, (list, tuple)) else ()) if isinstance(value, torch.Tensor)),
+        None)
+    if tensor is None or not tensor.is_floating_point() or tensor.is_nested or tensor.numel() == 0:
+        return
+    values = tensor.detach().double()
+    TRACE["calls"].append([f"{type(module).__module__}.{type(module).__qualname__}", list(tensor.shape),
+                           values.abs().sum().item(), values.abs().max().item()])
+
+
+TRACE = {"hook": None, "calls": []}
+
+
+@server.PromptServer.instance.routes.post("/probe/trace")
+async def trace(request):
+    on = bool((await request.json())["on"])
+    if TRACE["hook"] is not None:
+        TRACE["hook"].remove()
+        TRACE["hook"] = None
+    calls, TRACE["calls"] = TRACE["calls"], []
+    if on:
+        TRACE["hook"] = torch.nn.modules.module.register_module_forward_hook(_fingerprint)
+    return web.json_response({"calls": calls})
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}
