@@ -80,6 +80,8 @@ SAME_DEVICE_TOLERANCE = 1e-5
 PARTS = ("scenarios", "h3_divergence", "vision_tower", "music3_graph_capture", "music3_graphs_comfyui", "h3_fp16_overflow", "doctor")
 # the cores of the Music 3 CUDA-graph part: stale replay without the pack (#15861 before #16428), and fixed upstream
 MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
+# 250 AR frames (25 a second): enough that the per-frame time is the steady state's, not the first frames' captures
+MUSIC3_GRAPH_SECONDS = 10.0
 PARTIAL_BUDGETS = ("partial", "smallest")
 # a module call's output parts from the CPU's when its L1 norm or largest magnitude differs by more than this,
 # relative: another reduction order moves them by about 1e-7 (the simulated device's last-bit mode)
@@ -492,12 +494,19 @@ def judge_music3_graphs(core: str, runs: dict, compared) -> tuple[list[dict], in
     return rows, failed
 
 
-def music3_graph_runs(work: Path) -> tuple[dict[str, dict], tuple[str, ...]]:
-    """The Music 3 workflow through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core: runs}, as
-    ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders) under dynamic VRAM
-    with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on, then off."""
+def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, dict], tuple[str, ...]]:
+    """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core:
+    runs}, as ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders) under
+    dynamic VRAM with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on, then
+    off."""
     from hotfix_testing import seed_scenarios, simulated_cores, synthetic_models
     from hotfix_testing.comfyui_server import CudaDevice, http
+    from hotfix_testing.workflow_prompts import node_id
+
+    def music3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
+        prompt = scenario.make_prompt(workflow, object_info, tag)
+        prompt[node_id(prompt, "MiniMaxMusic3TextEncode")]["inputs"]["max_duration"] = seconds
+        return prompt
 
     models = work / "music3_models"
     synthetic_models.write_models(models)
@@ -513,7 +522,7 @@ def music3_graph_runs(work: Path) -> tuple[dict[str, dict], tuple[str, ...]]:
                 for graphs in (True, False):
                     http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
                     result = seed_scenarios.run(running, workflows[pack], f"music3_{index}_{pack:d}{graphs:d}",
-                                                make_prompt=scenario.make_prompt, probes=scenario.probes)
+                                                make_prompt=music3_prompt, probes=scenario.probes)
                     loops = json.loads(http(running[0] + "/probe/music3_generate")[1])
                     runs[pack, graphs] = {"result": result, "loops": loops, "state": state}
                     print(f"Music 3 graphs | {core_name} | {'pack' if pack else 'stock'} | graphs "

@@ -279,7 +279,9 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     monkeypatch.setattr(comfyui_server, "CudaDevice", lambda index=0, text_encoder=False, dynamic_vram=False:
                         comfyui_server.SimulatedDevice(total_mb=FREE_MB, force_fp32=not text_encoder,
                                                        dynamic_vram=dynamic_vram, emulated_graphs=True))
-    by_core, compared = gpu_check.music3_graph_runs(tmp_path)
+    from hotfix_testing.workflow_prompts import MUSIC3_SECONDS
+
+    by_core, compared = gpu_check.music3_graph_runs(tmp_path, seconds=MUSIC3_SECONDS)  # 5 frames, not the GPU's 250
     stale, fixed = gpu_check.MUSIC3_GRAPH_CORES
     rows = {(row["core"], row["loaders"].split()[0], row["graphs"].split()[0]): row
             for core, runs in by_core.items() for row in gpu_check.judge_music3_graphs(core, runs, compared)[0]}

@@ -123,9 +123,11 @@ def test_in_range_the_pack_equals_stock_fp16_within_fp16_rounding(h3):
     print(f"\nin range: |pack - stock| {(pack - stock).abs().max().item():.3g}, |stock - fp32| "
           f"{(stock - reference).abs().max().item():.3g}, |pack - fp32| {(pack - reference).abs().max().item():.3g}"
           f" (outputs up to {scale:.3g})")
-    # the pack's only differences are its fp32 residual and fp32 condition_proj: a few fp16 ulps of the output
+    # the pack's only differences are its fp32 residual and fp32 condition_proj: a few fp16 ulps of the output, and
+    # as close to fp32 as stock within one ulp (which of the two is closer depends on the environment's fp16 kernels:
+    # pack 0.0049 against stock 0.0058 in one, 0.00587 against 0.00583 in another)
     assert torch.allclose(pack, stock, rtol=0, atol=4 * scale * 2.0 ** -10)
-    assert (pack - reference).abs().max() <= (stock - reference).abs().max()
+    assert (pack - reference).abs().max() <= (stock - reference).abs().max() + scale * 2.0 ** -10
 
 
 @pytest.mark.cores(*CORES)

@@ -196,7 +196,7 @@ async def music3_generate(request):
     return web.json_response(records)
 
 
-def _fingerprint(module, args, output):
+def _fingerprint(module, inputs, output):
     tensor = output if isinstance(output, torch.Tensor) else next(
         (value for value in (output if isinstance(output, (list, tuple)) else ()) if isinstance(value, torch.Tensor)),
         None)
