@@ -137,10 +137,10 @@ LOAD_ARGS = {"fp16_unet", "disable_cuda_graphs"}
 async def set_load_args(request):
     body = await request.json()
     if not set(body) <= LOAD_ARGS:
-        return web.json_response({"not read at load": sorted(set(body) - LOAD_ARGS)}, status=400)
+        return web.json_response({"not read at load or run": sorted(set(body) - LOAD_ARGS)}, status=400)
     for name, value in body.items():
         setattr(args, name, bool(value))
-    return web.json_response({name: getattr(args, name) for name in LOAD_ARGS})
+    return web.json_response({name: getattr(args, name) for name in body})
 
 
 @server.PromptServer.instance.routes.post("/probe/reserve_vram")
