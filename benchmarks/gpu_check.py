@@ -77,7 +77,8 @@ TOLERANCE = 1e-3
 # load casts the same weights per layer), so bit for bit on the simulated device (tests/test_gpu_check.py); the room
 # is for cuBLAS choosing another fp32 algorithm between loads, about 1e-6 relative per op.
 SAME_DEVICE_TOLERANCE = 1e-5
-PARTS = ("scenarios", "h3_divergence", "vision_tower", "music3_graph_capture", "music3_graphs_comfyui", "h3_fp16_overflow", "doctor")
+PARTS = ("scenarios", "h3_divergence", "vision_tower", "music3_graph_capture", "music3_graphs_comfyui",
+         "h3_fp16_overflow", "doctor")
 # the cores of the Music 3 CUDA-graph part: stale replay without the pack (#15861 before #16428), and fixed upstream
 MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
 # 250 AR frames (25 a second): enough that the per-frame time is the steady state's, not the first frames' captures
@@ -186,6 +187,17 @@ def free_mb_of(url: str, index: int) -> float:
     return entry["vram_free"] / MB
 
 
+def synthetic_models_in(work: Path) -> Path:
+    """The synthetic models folder the scenario, H3 divergence and Music 3 graph parts serve, written once per run
+    (with that ComfyUI's own classes: ``cannot_run`` made it importable)."""
+    from hotfix_testing import synthetic_models
+
+    models = work / "models"
+    if not models.exists():
+        synthetic_models.write_models(models)
+    return models
+
+
 @contextlib.contextmanager
 def in_background(work):
     """Runs ``work()`` in a thread beside the block (the CPU references, while the GPU servers run) and gives a
@@ -277,11 +289,10 @@ def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
     """Every run of the scenario part (``judge``'s runs), the CPU references by key, the skipped runs' rows. One
     server per (loaders, device, memory manager) serves every budget (``set_budget`` before each prompt); the
     ``--cpu`` references run beside them."""
-    from hotfix_testing import seed_scenarios, synthetic_models
+    from hotfix_testing import seed_scenarios
     from hotfix_testing.comfyui_server import CudaDevice
 
-    models = work / "models"
-    synthetic_models.write_models(models)  # with that ComfyUI's own classes (cannot_run made it importable)
+    models = synthetic_models_in(work)
     planned = plan(torch.cuda.device_count())
 
     def cpu_references() -> dict:
@@ -378,11 +389,10 @@ def h3_divergence_part(args, work: Path) -> tuple[dict, int]:
     """Seed 000's graph with stock loaders, traced (``traced_run``) in a CUDA server (legacy loader, nothing
     reserved: every model loaded completely) and in a ``--cpu`` one beside it: per-key diffs and the first module
     call whose output differs (``first_divergence``). Reported, not judged."""
-    from hotfix_testing import seed_scenarios, synthetic_models
+    from hotfix_testing import seed_scenarios
     from hotfix_testing.comfyui_server import CudaDevice
 
-    models = work / "h3_divergence_models"
-    synthetic_models.write_models(models)
+    models = synthetic_models_in(work)
     scenario = seed_scenarios.named("seed 000 H3 t2v")
     stock_workflow = seed_scenarios.workflows(scenario.workflow)[1]
 
@@ -457,15 +467,15 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
     return rows, failed
 
 
-def judge_music3_graphs(core: str, runs: dict, compared) -> tuple[list[dict], int]:
-    """The rows of one core's Music 3 graph runs and the number of failed checks. ``runs``: {(pack, graphs): run},
-    a run holding ``result`` (``seed_scenarios.run``'s), ``loops`` (the probe's AR loops) and ``state`` (the start-up
-    log's word on music3_graph_buffers: the pack's server says it for the core). A pack run fails unless it completes, captures graph units with graphs on,
-    and equals stock with graphs off within SAME_DEVICE_TOLERANCE; where upstream fixed the bug, the buffers fix
-    must attach nothing. Stock with graphs on where the fix is needed is the red control: it must differ from
-    graphs off beyond TOLERANCE (the stale replay's noise), or the check has shown nothing."""
+def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> tuple[list[dict], int]:
+    """The rows of one core's Music 3 graph runs and the number of failed checks. ``state``: what the pack's server
+    logged at start-up of music3_graph_buffers on this core; ``runs``: {(pack, graphs): run}, a run holding
+    ``result`` (``seed_scenarios.run``'s) and ``loops`` (the probe's AR loops). A pack run fails unless it completes,
+    captures graph units with graphs on, and equals stock with graphs off within SAME_DEVICE_TOLERANCE; where
+    upstream fixed the bug, the buffers fix must attach nothing. Stock with graphs on where the fix is needed is the
+    red control: it must differ from graphs off beyond TOLERANCE (the stale replay's noise), or the check has shown
+    nothing."""
     graphs_off = runs[False, False]["result"]["tensors"]
-    state = runs[True, True]["state"]
     rows, failed = [], 0
     for (pack, graphs), run in sorted(runs.items()):
         result, loops = run["result"], run["loops"]
@@ -494,12 +504,12 @@ def judge_music3_graphs(core: str, runs: dict, compared) -> tuple[list[dict], in
     return rows, failed
 
 
-def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, dict], tuple[str, ...]]:
+def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, tuple], tuple[str, ...]]:
     """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core:
-    runs}, as ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders) under
-    dynamic VRAM with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on, then
-    off."""
-    from hotfix_testing import seed_scenarios, simulated_cores, synthetic_models
+    (state, runs)}, as ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders)
+    under dynamic VRAM with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on,
+    then off."""
+    from hotfix_testing import seed_scenarios, simulated_cores
     from hotfix_testing.comfyui_server import CudaDevice, http
     from hotfix_testing.workflow_prompts import node_id
 
@@ -508,25 +518,26 @@ def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tupl
         prompt[node_id(prompt, "MiniMaxMusic3TextEncode")]["inputs"]["max_duration"] = seconds
         return prompt
 
-    models = work / "music3_models"
-    synthetic_models.write_models(models)
+    models = synthetic_models_in(work)
     scenario = seed_scenarios.named("seed 002 Music 3, dynamic VRAM")
     workflows = dict(zip((True, False), seed_scenarios.workflows(scenario.workflow), strict=True))
     by_core = {}
     for index, core_name in enumerate(MUSIC3_GRAPH_CORES):
         core = simulated_cores.build_core(core_name, work / f"music3_core_{index}" / "ComfyUI")
-        runs = by_core[core_name] = {}
+        runs = {}
         for pack in (False, True):
             with server(core, models, work, CudaDevice(text_encoder=True, dynamic_vram=True), pack) as running:
-                state = seed_scenarios.fix_state(running[2], "music3_graph_buffers")
+                if pack:  # a server without the pack logs nothing of it
+                    state = seed_scenarios.fix_state(running[2], "music3_graph_buffers")
                 for graphs in (True, False):
                     http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
                     result = seed_scenarios.run(running, workflows[pack], f"music3_{index}_{pack:d}{graphs:d}",
                                                 make_prompt=music3_prompt, probes=scenario.probes)
                     loops = json.loads(http(running[0] + "/probe/music3_generate")[1])
-                    runs[pack, graphs] = {"result": result, "loops": loops, "state": state}
+                    runs[pack, graphs] = {"result": result, "loops": loops}
                     print(f"Music 3 graphs | {core_name} | {'pack' if pack else 'stock'} | graphs "
                           f"{'on' if graphs else 'off'} | {result['error'] or 'completed'} | {loops}", flush=True)
+        by_core[core_name] = state, runs
     return by_core, scenario.compared
 
 
@@ -537,8 +548,8 @@ def music3_graphs_part(work: Path) -> tuple[list[dict], int]:
         return [{"verdict": "skipped: the simulated cores need ../shared/comfyui beside the checkout"}], 0
     by_core, compared = music3_graph_runs(work)
     rows, failed = [], 0
-    for core, runs in by_core.items():
-        core_rows, core_failed = judge_music3_graphs(core, runs, compared)
+    for core, (state, runs) in by_core.items():
+        core_rows, core_failed = judge_music3_graphs(core, state, runs, compared)
         rows += core_rows
         failed += core_failed
     for row in rows:

@@ -248,8 +248,8 @@ def h3_audio_vae(generator: torch.Generator) -> dict:
     CPU, where its constructor computes them), as the real checkpoint carries them, and each residual branch's last
     conv scaled by AUDIO_RESIDUAL_BRANCH_SCALE, so that the 21 residual blocks stay near the identity. With random
     filters each of the decoder's 127 resampling steps is a random gain: its output then sits at the clamp (+-1)
-    almost everywhere, each sample the sign of a sum of terms up to 4e5 whose fp32 rounding alone flips it (the first
-    GPU run's 0.376: docs/testing.md, "The GPU check"; tests/test_gpu_check.py)."""
+    almost everywhere, each sample the sign of a sum of terms up to 5.4e5 whose fp32 rounding alone flips it (the
+    first GPU run's 0.376: docs/testing.md, "The GPU check"; tests/test_gpu_check.py)."""
     from comfy.ldm.minimax.audio_vae import MiniMaxH3AudioVAE
 
     with tiny_configs():
