@@ -2,10 +2,16 @@
 benchmark and the doctor, in one command and one report, for the day an NVIDIA GPU is at hand (never in CI; about 7
 minutes is the goal, at most 10).
 
-    python benchmarks/gpu_check.py --comfyui PATH [--out report.json] [--parts scenarios,vision_tower,...]
+    python benchmarks/gpu_check.py --comfyui PATH [--out report.json] [--parts scenarios,vision_tower,...] [--servers N]
 
 Run it with the Python of the ComfyUI at PATH (its requirements and a CUDA build of torch installed; a bare machine:
-docs/testing.md, "A bare CUDA machine"). The report is written again, whole, after each part.
+docs/testing.md, "A bare CUDA machine"). The report is written again, whole, after each part; a part that raises is
+reported as one failed check and the others go on.
+
+The parts that only judge (1, 2, 3, 7) run side by side, and so do their servers, at most ``--servers`` at once: each
+CUDA server reads its free memory as if it were alone on the GPU (tests/hotfix_testing/pinned_free_memory.py), so a
+neighbour's loads do not move its budgets. The parts that time the GPU (4, 5, 6: TIMED_PARTS) run after them, one at
+a time, alone on it.
 
 1. scenarios: every scenario of tests/hotfix_testing/seed_scenarios.py, the list the simulated-device tests run, at
    each of its budgets, stock (a server without the pack) and pack, with the scenario's loader: dynamic VRAM
@@ -52,6 +58,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import importlib
 import json
 import math
@@ -59,7 +66,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -79,6 +88,10 @@ TOLERANCE = 1e-3
 SAME_DEVICE_TOLERANCE = 1e-5
 PARTS = ("scenarios", "h3_divergence", "vision_tower", "music3_graph_capture", "music3_graphs_comfyui",
          "h3_fp16_overflow", "doctor")
+# the parts that time the GPU: they run one at a time, after the others, alone on it; the others run side by side
+TIMED_PARTS = ("music3_graph_capture", "music3_graphs_comfyui", "h3_fp16_overflow")
+# the parts that serve the synthetic models: written once, before they start side by side
+SYNTHETIC_MODEL_PARTS = {"scenarios", "h3_divergence", "music3_graphs_comfyui"}
 # the cores of the Music 3 CUDA-graph part: stale replay without the pack (#15861 before #16428), and fixed upstream
 MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
 # 250 AR frames (25 a second): enough that the per-frame time is the steady state's, not the first frames' captures
@@ -95,8 +108,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("gpu_check_report.json"),
                         help="the JSON report, written again after each part (default gpu_check_report.json)")
     parser.add_argument("--parts", default=",".join(PARTS),
-                        help=f"the parts to run, comma-separated, in this order (default all: {','.join(PARTS)})")
+                        help=f"the parts to run, comma-separated (default all: {','.join(PARTS)}); those that time "
+                             f"the GPU ({','.join(TIMED_PARTS)}) run after the others, one at a time")
+    parser.add_argument("--servers", type=int, default=max(2, (os.cpu_count() or 2) - 2),
+                        help="at most this many ComfyUI servers at once (default: the machine's cores less 2)")
     args = parser.parse_args(argv)
+    args.servers = Servers(args.servers)
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown or not args.parts:
@@ -163,19 +180,27 @@ def set_budget(url: str, free_mb: float, budget: str, resident_mb: float) -> flo
     return gb
 
 
-@contextlib.contextmanager
-def server(comfyui: Path, models: Path, work: Path, device, pack: bool, cache: bool = False):
-    """A ComfyUI serving ``models``; ``--cache-none`` unless ``cache`` (then it keeps its models between prompts)."""
-    from hotfix_testing.comfyui_server import comfyui_with_pack
+class Servers:
+    """The check's ComfyUI servers, at most ``at_once`` running together (``--servers``). On the GPU each reads its
+    free memory as if alone there (``comfyui_server.CudaDevice``), so servers side by side keep their budgets."""
 
-    base = Path(tempfile.mkdtemp(dir=work, prefix="server"))
-    (base / "models").symlink_to(models, target_is_directory=True)
-    no_frontend = base / "no_frontend"  # the check needs no frontend: ComfyUI serves this empty folder instead
-    no_frontend.mkdir()
-    options = ("--front-end-root", str(no_frontend), *(() if cache else ("--cache-none",)))
-    with comfyui_with_pack(comfyui, base, ROOT / "tests" / "comfyui_probe", options=options,
-                           device=device, pack=pack) as (url, object_info):
-        yield url, object_info, base
+    def __init__(self, at_once: int):
+        self._slots = threading.BoundedSemaphore(at_once)
+
+    @contextlib.contextmanager
+    def start(self, comfyui: Path, models: Path, work: Path, device, pack: bool, cache: bool = False):
+        """A ComfyUI serving ``models``; ``--cache-none`` unless ``cache`` (then it keeps its models between
+        prompts). Waits for a slot: nothing may wait on another server while it holds one."""
+        from hotfix_testing.comfyui_server import comfyui_with_pack
+
+        base = Path(tempfile.mkdtemp(dir=work, prefix="server"))
+        (base / "models").symlink_to(models, target_is_directory=True)
+        no_frontend = base / "no_frontend"  # the check needs no frontend: ComfyUI serves this empty folder instead
+        no_frontend.mkdir()
+        options = ("--front-end-root", str(no_frontend), *(() if cache else ("--cache-none",)))
+        with self._slots, comfyui_with_pack(comfyui, base, ROOT / "tests" / "comfyui_probe", options=options,
+                                            device=device, pack=pack) as (url, object_info):
+            yield url, object_info, base
 
 
 def free_mb_of(url: str, index: int) -> float:
@@ -198,13 +223,12 @@ def synthetic_models_in(work: Path) -> Path:
     return models
 
 
-@contextlib.contextmanager
-def in_background(work):
-    """Runs ``work()`` in a thread beside the block (the CPU references, while the GPU servers run) and gives a
-    function that returns its result, waiting for it."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        future = pool.submit(work)
-        yield future.result
+def side_by_side(*works) -> list:
+    """Runs each of ``works`` in its own thread (their servers side by side, as many at once as ``Servers`` lets) and
+    returns their results in order; the first exception is raised once every work has ended."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(works)) as pool:
+        futures = [pool.submit(work) for work in works]
+    return [future.result() for future in futures]
 
 
 def per_key(tensors: dict, reference: dict | None, compared) -> dict[str, float | None]:
@@ -287,8 +311,8 @@ def judge(runs: list[dict], cpu_references: dict) -> tuple[list[dict], int]:
 
 def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
     """Every run of the scenario part (``judge``'s runs), the CPU references by key, the skipped runs' rows. One
-    server per (loaders, device, memory manager) serves every budget (``set_budget`` before each prompt); the
-    ``--cpu`` references run beside them."""
+    server per (loaders, device, memory manager) serves every budget (``set_budget`` before each prompt); those
+    servers and the ``--cpu`` references' run side by side."""
     from hotfix_testing import seed_scenarios
     from hotfix_testing.comfyui_server import CudaDevice
 
@@ -297,7 +321,7 @@ def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
 
     def cpu_references() -> dict:
         references = {}
-        with server(args.comfyui, models, work, None, pack=True) as cpu:
+        with args.servers.start(args.comfyui, models, work, None, pack=True) as cpu:
             for scenario in seed_scenarios.SCENARIOS:
                 key = (scenario.workflow, scenario.make_prompt, scenario.probes)
                 if key not in references:
@@ -311,36 +335,39 @@ def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
     def server_of(run: dict) -> tuple:
         return run["pack"], run["index"], run["scenario"].loader
 
-    runs = []
-    with in_background(cpu_references) as references:
-        for pack, index, loader in sorted({server_of(run) for run in planned if not run["skipped"]}):
-            device = CudaDevice(index=index, dynamic_vram=loader == "dynamic")
-            with server(args.comfyui, models, work, device, pack) as running:
-                free = free_mb_of(running[0], index)
-                print(f"{'pack' if pack else 'stock'} server, cuda:{index}, {loader}: {free:.0f} MB free as "
-                      "ComfyUI reads it", flush=True)
-                for run in planned:
-                    if server_of(run) != (pack, index, loader) or run["skipped"]:
-                        continue
-                    scenario = run["scenario"]
-                    reserve = set_budget(running[0], free, run["budget"], run["resident_mb"])
-                    workflow = seed_scenarios.workflows(scenario.workflow)[0 if pack else 1]
-                    tag = f"{scenario.test}_{run['budget']}_{'pack' if pack else 'stock'}"
-                    result = seed_scenarios.run(running, workflow, tag, make_prompt=scenario.make_prompt,
-                                                probes=scenario.probes)
-                    fix = scenario.fix.split("@")[0] if scenario.fix else None
-                    state = seed_scenarios.fix_state(running[2], fix) if fix else None
-                    runs.append({"name": scenario.name, "group": (scenario.name, index), "budget": run["budget"],
-                                 "pack": pack, "result": result, "compared": scenario.compared,
-                                 "cpu": (scenario.workflow, scenario.make_prompt, scenario.probes),
-                                 "split_expected": (scenario.splits and loader != "dynamic"
-                                                    and run["budget"] in PARTIAL_BUDGETS),
-                                 "needed": {scenario.fix: state} if fix else {},
-                                 "report": {"loader": loader, "reserve_vram_gb": reserve, "device": f"cuda:{index}",
-                                            "fix_state": state}})
-                    print(f"{scenario.name} | {run['budget']} | {'pack' if pack else 'stock'} | "
-                          f"{result['error'] or 'completed'} | loads {'/'.join(result['loads'])}", flush=True)
-        cpu = references()
+    def group_runs(pack: bool, index: int, loader: str) -> list[dict]:
+        runs = []
+        device = CudaDevice(index=index, dynamic_vram=loader == "dynamic")
+        with args.servers.start(args.comfyui, models, work, device, pack) as running:
+            free = free_mb_of(running[0], index)
+            print(f"{'pack' if pack else 'stock'} server, cuda:{index}, {loader}: {free:.0f} MB free as "
+                  "ComfyUI reads it", flush=True)
+            for run in planned:
+                if server_of(run) != (pack, index, loader) or run["skipped"]:
+                    continue
+                scenario = run["scenario"]
+                reserve = set_budget(running[0], free, run["budget"], run["resident_mb"])
+                workflow = seed_scenarios.workflows(scenario.workflow)[0 if pack else 1]
+                tag = f"{scenario.test}_{run['budget']}_{'pack' if pack else 'stock'}"
+                result = seed_scenarios.run(running, workflow, tag, make_prompt=scenario.make_prompt,
+                                            probes=scenario.probes)
+                fix = scenario.fix.split("@")[0] if scenario.fix else None
+                state = seed_scenarios.fix_state(running[2], fix) if fix else None
+                runs.append({"name": scenario.name, "group": (scenario.name, index), "budget": run["budget"],
+                             "pack": pack, "result": result, "compared": scenario.compared,
+                             "cpu": (scenario.workflow, scenario.make_prompt, scenario.probes),
+                             "split_expected": (scenario.splits and loader != "dynamic"
+                                                and run["budget"] in PARTIAL_BUDGETS),
+                             "needed": {scenario.fix: state} if fix else {},
+                             "report": {"loader": loader, "reserve_vram_gb": reserve, "device": f"cuda:{index}",
+                                        "fix_state": state}})
+                print(f"{scenario.name} | {run['budget']} | {'pack' if pack else 'stock'} | "
+                      f"{result['error'] or 'completed'} | loads {'/'.join(result['loads'])}", flush=True)
+        return runs
+
+    groups = sorted({server_of(run) for run in planned if not run["skipped"]})
+    cpu, *by_group = side_by_side(cpu_references, *(functools.partial(group_runs, *group) for group in groups))
+    runs = [run for group in by_group for run in group]
     skipped = [{"scenario": run["scenario"].name, "budget": run["budget"],
                 "loaders": "pack" if run["pack"] else "stock (server without the pack)",
                 "verdict": f"skipped: {run['skipped']}"} for run in planned if run["skipped"]]
@@ -397,12 +424,11 @@ def h3_divergence_part(args, work: Path) -> tuple[dict, int]:
     stock_workflow = seed_scenarios.workflows(scenario.workflow)[1]
 
     def on(device, tag: str) -> tuple[dict, list]:
-        with server(args.comfyui, models, work, device, pack=False) as running:
+        with args.servers.start(args.comfyui, models, work, device, pack=False) as running:
             return traced_run(running, stock_workflow, scenario, tag)
 
-    with in_background(lambda: on(None, "divergence_cpu")) as cpu_run:
-        device_result, device_calls = on(CudaDevice(), "divergence_device")
-        cpu_result, cpu_calls = cpu_run()
+    (cpu_result, cpu_calls), (device_result, device_calls) = side_by_side(
+        lambda: on(None, "divergence_cpu"), lambda: on(CudaDevice(), "divergence_device"))
     found = first_divergence(cpu_calls, device_calls)
     report = {"scenario": scenario.name, "errors": {"cpu": cpu_result["error"], "device": device_result["error"]},
               "loads": device_result["loads"], "calls": {"cpu": len(cpu_calls), "device": len(device_calls)},
@@ -415,7 +441,8 @@ def h3_divergence_part(args, work: Path) -> tuple[dict, int]:
 def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
     """Seed 001 (tests/hotfix_testing/seed_scenarios.py, ``VISION_TOWER_*``): the H3 reference-to-video conditioning with the tiny
     text encoder on the GPU in fp32, at each budget, in a server without the pack and one with it that keep their
-    models between prompts (unloaded when the budget changes), both canvases and prompt texts, judged as the scenario
+    models between prompts (unloaded when the budget changes), side by side with the CPU's, both canvases and prompt
+    texts, judged as the scenario
     part's runs (``judge``: against stock at "full" on the device; the CPU where that holds). CUDA has no
     host-to-device counter here: the bytes per prompt are the simulated device's
     (tests/test_h3_vision_tower_on_device.py)."""
@@ -439,27 +466,29 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
                 "fix_lines": [line for result in results for line in result["fix_lines"]]}
 
     def cpu_reference() -> dict:
-        with server(args.comfyui, models, work, None, pack=True, cache=True) as cpu:
+        with args.servers.start(args.comfyui, models, work, None, pack=True, cache=True) as cpu:
             return {seed_scenarios.VISION_TOWER: conditionings(cpu, pack_workflow, "cpu")["tensors"]}
 
-    runs = []
-    with in_background(cpu_reference) as reference:
-        for pack in (False, True):
-            loaders = "pack" if pack else "stock"
-            with server(args.comfyui, models, work, CudaDevice(text_encoder=True), pack, cache=True) as running:
-                free = free_mb_of(running[0], 0)
-                states = {fix: seed_scenarios.fix_state(running[2], fix) for fix in seed_scenarios.VISION_TOWER_FIXES}
-                for budget, resident_mb in seed_scenarios.VISION_TOWER_RESIDENT_MB.items():
-                    unload_models(running[0])
-                    reserve = set_budget(running[0], free, budget, resident_mb)
-                    result = conditionings(running, pack_workflow if pack else stock_workflow, f"{budget}_{loaders}")
-                    runs.append({"name": seed_scenarios.VISION_TOWER, "group": seed_scenarios.VISION_TOWER,
-                                 "budget": budget, "pack": pack, "result": result, "compared": compared,
-                                 "cpu": seed_scenarios.VISION_TOWER, "split_expected": budget in PARTIAL_BUDGETS,
-                                 "needed": states, "report": {"reserve_vram_gb": reserve, "fix_state": states}})
-                    print(f"{seed_scenarios.VISION_TOWER} | {budget} | {loaders} | {result['error'] or 'completed'}",
-                          flush=True)
-        cpu = reference()
+    def device_runs(pack: bool) -> list[dict]:
+        runs, loaders = [], "pack" if pack else "stock"
+        with args.servers.start(args.comfyui, models, work, CudaDevice(text_encoder=True), pack, cache=True) as running:
+            free = free_mb_of(running[0], 0)
+            states = {fix: seed_scenarios.fix_state(running[2], fix) for fix in seed_scenarios.VISION_TOWER_FIXES}
+            for budget, resident_mb in seed_scenarios.VISION_TOWER_RESIDENT_MB.items():
+                unload_models(running[0])
+                reserve = set_budget(running[0], free, budget, resident_mb)
+                result = conditionings(running, pack_workflow if pack else stock_workflow, f"{budget}_{loaders}")
+                runs.append({"name": seed_scenarios.VISION_TOWER, "group": seed_scenarios.VISION_TOWER,
+                             "budget": budget, "pack": pack, "result": result, "compared": compared,
+                             "cpu": seed_scenarios.VISION_TOWER, "split_expected": budget in PARTIAL_BUDGETS,
+                             "needed": states, "report": {"reserve_vram_gb": reserve, "fix_state": states}})
+                print(f"{seed_scenarios.VISION_TOWER} | {budget} | {loaders} | {result['error'] or 'completed'}",
+                      flush=True)
+        return runs
+
+    cpu, stock_runs, pack_runs = side_by_side(cpu_reference, functools.partial(device_runs, False),
+                                              functools.partial(device_runs, True))
+    runs = stock_runs + pack_runs
     rows, failed = judge(runs, cpu)
     for row in rows:
         print(f"{row['scenario']} | {row['budget']} | {row['loaders']} | diff {row['max_abs_diff']} against "
@@ -504,11 +533,12 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
     return rows, failed
 
 
-def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, tuple], tuple[str, ...]]:
+def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, tuple],
+                                                                                     tuple[str, ...]]:
     """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core:
     (state, runs)}, as ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders)
     under dynamic VRAM with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on,
-    then off."""
+    then off, one server at a time (the times are the GPU's alone)."""
     from hotfix_testing import seed_scenarios, simulated_cores
     from hotfix_testing.comfyui_server import CudaDevice, http
     from hotfix_testing.workflow_prompts import node_id
@@ -526,7 +556,8 @@ def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tupl
         core = simulated_cores.build_core(core_name, work / f"music3_core_{index}" / "ComfyUI")
         runs = {}
         for pack in (False, True):
-            with server(core, models, work, CudaDevice(text_encoder=True, dynamic_vram=True), pack) as running:
+            with args.servers.start(core, models, work, CudaDevice(text_encoder=True, dynamic_vram=True),
+                                    pack) as running:
                 if pack:  # a server without the pack logs nothing of it
                     state = seed_scenarios.fix_state(running[2], "music3_graph_buffers")
                 for graphs in (True, False):
@@ -541,12 +572,12 @@ def music3_graph_runs(work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tupl
     return by_core, scenario.compared
 
 
-def music3_graphs_part(work: Path) -> tuple[list[dict], int]:
+def music3_graphs_part(args, work: Path) -> tuple[list[dict], int]:
     from hotfix_testing import simulated_cores
 
     if not simulated_cores.available():
         return [{"verdict": "skipped: the simulated cores need ../shared/comfyui beside the checkout"}], 0
-    by_core, compared = music3_graph_runs(work)
+    by_core, compared = music3_graph_runs(args, work)
     rows, failed = [], 0
     for core, (state, runs) in by_core.items():
         core_rows, core_failed = judge_music3_graphs(core, state, runs, compared)
@@ -584,6 +615,18 @@ def write_report(path: Path, report: dict) -> None:
     os.replace(partial, path)
 
 
+def run_part(run) -> tuple[object, int, float]:
+    """``run()``'s result, its failed checks and its wall seconds; a part that raises is one failed check with its
+    error, so that the device call still answers for the other parts."""
+    started = time.monotonic()
+    try:
+        result, failed = run()
+    except Exception as exc:
+        traceback.print_exc()
+        result, failed = {"crashed": f"{type(exc).__name__}: {exc}"}, 1
+    return result, failed, round(time.monotonic() - started, 1)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     reason = cannot_run(args)
@@ -595,23 +638,32 @@ def main(argv=None) -> int:
               "devices": [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())],
               "tolerance": TOLERANCE, "same_device_tolerance": SAME_DEVICE_TOLERANCE, "parts": args.parts,
               "failed_checks": 0}
+
+    def record(part: str, outcome: tuple) -> None:
+        report[part], part_failed, report[f"{part}_wall_s"] = outcome
+        report["failed_checks"] += part_failed
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        write_report(args.out, report)
+        print(f"== part {part}: {part_failed} failed, {report[f'{part}_wall_s']} s; report: {args.out}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="minimax-hotfix-gpu-check-") as work:
-        parts = {"scenarios": lambda: scenario_part(args, Path(work)),
-                 "h3_divergence": lambda: h3_divergence_part(args, Path(work)),
-                 "vision_tower": lambda: vision_tower_part(args, Path(work)),
-                 "music3_graph_capture": lambda: benchmark_part("music3_graph_capture", Path(work)),
-                 "music3_graphs_comfyui": lambda: music3_graphs_part(Path(work)),
-                 "h3_fp16_overflow": lambda: benchmark_part("h3_fp16_overflow", Path(work)),
+        work = Path(work)
+        parts = {"scenarios": lambda: scenario_part(args, work),
+                 "h3_divergence": lambda: h3_divergence_part(args, work),
+                 "vision_tower": lambda: vision_tower_part(args, work),
+                 "music3_graph_capture": lambda: benchmark_part("music3_graph_capture", work),
+                 "music3_graphs_comfyui": lambda: music3_graphs_part(args, work),
+                 "h3_fp16_overflow": lambda: benchmark_part("h3_fp16_overflow", work),
                  "doctor": lambda: doctor_part(args.comfyui)}
-        for part in args.parts:
-            part_started = time.monotonic()
-            report[part], part_failed = parts[part]()
-            report[f"{part}_wall_s"] = round(time.monotonic() - part_started, 1)
-            report["failed_checks"] += part_failed
-            report["wall_s"] = round(time.monotonic() - started, 1)
-            write_report(args.out, report)
-            print(f"== part {part}: {part_failed} failed, {report[f'{part}_wall_s']} s; report: {args.out}",
-                  flush=True)
+        if SYNTHETIC_MODEL_PARTS & set(args.parts):
+            synthetic_models_in(work)
+        untimed = [part for part in args.parts if part not in TIMED_PARTS]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(untimed))) as pool:
+            running = {pool.submit(run_part, parts[part]): part for part in untimed}
+            for done in concurrent.futures.as_completed(running):
+                record(running[done], done.result())
+        for part in (part for part in args.parts if part in TIMED_PARTS):
+            record(part, run_part(parts[part]))
     failed = report["failed_checks"]
     print(f"{'all checks passed' if not failed else f'{failed} check(s) failed'} in {report['wall_s']} s; "
           f"report: {args.out}")

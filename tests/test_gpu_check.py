@@ -3,7 +3,6 @@ the very scenario list of the simulated-device tests (tests/hotfix_testing/seed_
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,31 +68,21 @@ def test_the_reserve_leaves_the_resident_mb(gpu_check, free_mb, resident_mb):
 
 @pytest.fixture
 def simulated_cuda(gpu_check, comfyui, monkeypatch, tmp_path_factory):
-    """Two simulated devices standing in for CUDA, each with FREE_MB free as ComfyUI reads it and, as a GPU's, its
-    matmuls and convolutions differing from the CPU's in the last bit: the GPU check's servers start on them as the
-    recipe for a bare CUDA machine says (docs/testing.md: no frontend package, which cannot be imported here) and set
-    each budget's ``--reserve-vram`` through the probe node, as on a GPU."""
-    from hotfix_testing import comfyui_server, simulated_cores
+    """Two simulated devices standing in for CUDA (``gpu_check_dry_run.stand_in_for_cuda``): the GPU check's servers
+    start on them as the recipe for a bare CUDA machine says (docs/testing.md) and set each budget's
+    ``--reserve-vram`` through the probe node, as on a GPU."""
+    from hotfix_testing import simulated_cores
+    from hotfix_testing.gpu_check_dry_run import stand_in_for_cuda
 
     if not simulated_cores.available():
         pytest.skip("needs ../shared/comfyui (the simulated device's servers run on its trees)")
-
-    def cuda_device(index=0, text_encoder=False, dynamic_vram=False):
-        return comfyui_server.SimulatedDevice(total_mb=FREE_MB, current=index, force_fp32=not text_encoder,
-                                              dynamic_vram=dynamic_vram, last_bit_differs=True)
-
-    without_frontend = tmp_path_factory.mktemp("without_frontend")
-    (without_frontend / "comfyui_frontend_package").mkdir()
-    (without_frontend / "comfyui_frontend_package" / "__init__.py").write_text(
-        'raise ImportError("not installed: the bare-machine recipe leaves the frontend out")\n')
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(without_frontend),
-                                                                   os.environ.get("PYTHONPATH")))))
-    monkeypatch.setattr(comfyui_server, "CudaDevice", cuda_device)
-    monkeypatch.setattr(gpu_check, "free_mb_of", lambda *args: FREE_MB)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    stand_in_for_cuda(monkeypatch, gpu_check, tmp_path_factory.mktemp("without_frontend"))
 
 
-FREE_MB = 2048.0
+def check_args(gpu_check, comfyui: Path | None):
+    """The check's options for a part run on its own: the ComfyUI at ``comfyui``, two servers at once (this machine's
+    cores)."""
+    return gpu_check.parse_args(["--comfyui", str(comfyui), "--servers", "2"])
 
 
 @pytest.fixture
@@ -187,12 +176,10 @@ def test_its_scenario_part_judges_on_the_device_with_the_simulated_device_standi
     has ``_int_mm``); the same-device diffs are 0 (SAME_DEVICE_TOLERANCE's footing). Red controls on these runs: a
     device that differs from the CPU by the H200's 0.376 everywhere fails the old CPU-only verdict and passes the
     new one; a pack whose output is off by 5e-4 on the device passes the old one there and fails the new one."""
-    import argparse
-
     from hotfix_testing import simulated_cores
 
     core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
-    runs, cpu, skipped = gpu_check.scenario_runs(argparse.Namespace(comfyui=core), tmp_path)
+    runs, cpu, skipped = gpu_check.scenario_runs(check_args(gpu_check, core), tmp_path)
     rows, failed = gpu_check.judge(runs, cpu)
     assert failed == 0 and {row["verdict"] for row in rows if row["loaders"] == "pack"} == {"pass"}, \
         [row for row in rows if row["verdict"].startswith("FAIL")]
@@ -222,15 +209,13 @@ def test_its_h3_divergence_part_traces_every_module_call_and_names_the_first_tha
     ``--cpu`` run make the same module calls, and with the device's matmuls and convolutions off in the last bit no
     call's output parts beyond DIVERGENCE. Red controls on the two traces: one call's output changed (the first
     audio VAE call, as a GPU kernel that computed otherwise), a call missing, a run cut short: each is named."""
-    import argparse
-
     from hotfix_testing import simulated_cores
 
     core = simulated_cores.build_core("0.36/0.37 VAE", tmp_path / "core" / "ComfyUI")
     traces, traced_run = {}, gpu_check.traced_run  # by tag: the CPU run is in a thread beside the device's
     monkeypatch.setattr(gpu_check, "traced_run", lambda running, workflow, scenario, tag: traces.setdefault(
         tag, traced_run(running, workflow, scenario, tag)))
-    report, failed = gpu_check.h3_divergence_part(argparse.Namespace(comfyui=core), tmp_path)
+    report, failed = gpu_check.h3_divergence_part(check_args(gpu_check, core), tmp_path)
     assert failed == 0 and report["errors"] == {"cpu": None, "device": None}, report
     assert report["first_divergence"] is None and report["calls"]["cpu"] == report["calls"]["device"] > 1000, report
     assert all(diff <= gpu_check.TOLERANCE for diff in report["vs_cpu"].values()), report
@@ -252,9 +237,7 @@ def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cu
                                                                                     tmp_path):
     """The seed 001 part (``vision_tower_part``) run once without a GPU (ComfyUI 0.33.0 here), so its own code
     (prompts, budgets through the probe, references, judging) has run before a GPU is at hand."""
-    import argparse
-
-    rows, failed = gpu_check.vision_tower_part(argparse.Namespace(comfyui=Path(comfyui)), tmp_path)
+    rows, failed = gpu_check.vision_tower_part(check_args(gpu_check, Path(comfyui)), tmp_path)
     verdicts = {(row["budget"], row["loaders"]): row["verdict"].split(";")[0] for row in rows}
     assert failed == 0 and verdicts == {(budget, loaders): "pass" if loaders == "pack" else "reported"
                                         for budget in seed_scenarios.VISION_TOWER_RESIDENT_MB
@@ -272,16 +255,15 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     graphs off with its units captured; on the fixed core the pack attaches no buffers and equals stock. Red
     controls of the verdict: a pack whose graphed output is off by 5e-4, and a stock core that does not show the
     noise, both fail."""
-    from hotfix_testing import comfyui_server, simulated_cores
+    from hotfix_testing import simulated_cores
+    from hotfix_testing.gpu_check_dry_run import stand_in_for_cuda
+    from hotfix_testing.workflow_prompts import MUSIC3_SECONDS
 
     if not simulated_cores.available():
         pytest.skip("needs ../shared/comfyui (the simulated cores)")
-    monkeypatch.setattr(comfyui_server, "CudaDevice", lambda index=0, text_encoder=False, dynamic_vram=False:
-                        comfyui_server.SimulatedDevice(total_mb=FREE_MB, force_fp32=not text_encoder,
-                                                       dynamic_vram=dynamic_vram, emulated_graphs=True))
-    from hotfix_testing.workflow_prompts import MUSIC3_SECONDS
-
-    by_core, compared = gpu_check.music3_graph_runs(tmp_path, seconds=MUSIC3_SECONDS)  # 5 frames, not the GPU's 250
+    stand_in_for_cuda(monkeypatch, gpu_check, tmp_path / "without_frontend", emulated_graphs=True)
+    by_core, compared = gpu_check.music3_graph_runs(check_args(gpu_check, Path(comfyui)), tmp_path,
+                                                    seconds=MUSIC3_SECONDS)  # 5 frames, not the GPU's 250
     stale, fixed = gpu_check.MUSIC3_GRAPH_CORES
     judged = {core: gpu_check.judge_music3_graphs(core, state, runs, compared)
               for core, (state, runs) in by_core.items()}
@@ -321,6 +303,66 @@ def test_the_report_is_written_after_each_part(gpu_check, monkeypatch, tmp_path)
     report = json.loads(out.read_text())
     assert report["doctor"] == {"exit_code": 0} and "h3_fp16_overflow" not in report
     assert report["parts"] == ["doctor", "h3_fp16_overflow"] and not list(tmp_path.glob("*.partial"))
+
+
+def test_the_judging_parts_run_side_by_side_and_the_timed_ones_after_them_alone(gpu_check, monkeypatch, tmp_path):
+    """Every part stood in for by one that records when it ran: the parts that judge meet at a barrier, which only
+    parts running side by side can pass (one after another, each would wait there in vain); the timed parts start
+    after every other part has ended and never overlap; a part that raises is one failed check, with its error in
+    the report, and the others still report."""
+    import threading
+    import time
+
+    out, spans = tmp_path / "report.json", {}
+    untimed = [part for part in gpu_check.PARTS if part not in gpu_check.TIMED_PARTS]
+    met = threading.Barrier(len(untimed), timeout=10)
+
+    def part(name: str, crash: bool = False):
+        started = time.monotonic()
+        if name in untimed:
+            met.wait()
+        time.sleep(0.05)
+        spans[name] = started, time.monotonic()
+        if crash:
+            raise RuntimeError(f"{name} broke")
+        return {"ran": name}, 0
+
+    monkeypatch.setattr(gpu_check, "cannot_run", lambda args: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(gpu_check, "synthetic_models_in", lambda work: None)
+    monkeypatch.setattr(gpu_check, "scenario_part", lambda args, work: part("scenarios"))
+    monkeypatch.setattr(gpu_check, "h3_divergence_part", lambda args, work: part("h3_divergence", crash=True))
+    monkeypatch.setattr(gpu_check, "vision_tower_part", lambda args, work: part("vision_tower"))
+    monkeypatch.setattr(gpu_check, "music3_graphs_part", lambda args, work: part("music3_graphs_comfyui"))
+    monkeypatch.setattr(gpu_check, "benchmark_part", lambda name, work: part(name))
+    monkeypatch.setattr(gpu_check, "doctor_part", lambda comfyui: part("doctor"))
+    assert gpu_check.main(["--comfyui", str(tmp_path), "--out", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["failed_checks"] == 1 and report["h3_divergence"] == {"crashed": "RuntimeError: h3_divergence broke"}
+    assert all(report[name] == {"ran": name} for name in gpu_check.PARTS if name != "h3_divergence"), report
+    timed = sorted(spans[name] for name in gpu_check.TIMED_PARTS)
+    assert timed[0][0] >= max(spans[name][1] for name in untimed), spans
+    assert all(earlier[1] <= later[0] for earlier, later in zip(timed, timed[1:], strict=False)), spans
+
+
+def test_a_server_reads_its_free_memory_as_if_alone_on_the_gpu():
+    """``pinned_free_memory.pinned`` over a GPU that another process loads: the device's own reading falls by the
+    neighbour's bytes (what would shrink this server's partial loads), the pinned one only by this process's."""
+    from hotfix_testing.pinned_free_memory import pinned
+
+    mib, device = 2**20, {"free": 8000 * 2**20, "total": 8192 * 2**20}
+    ours = {0: 100 * mib}
+
+    def mem_get_info(index):
+        return device["free"], device["total"]
+
+    reading = pinned(mem_get_info, lambda index: ours[index], lambda device: 0 if device is None else device)
+    assert reading() == (8000 * mib, 8192 * mib)
+    device["free"] -= 500 * mib  # the neighbour loads
+    assert mem_get_info(0)[0] == 7500 * mib and reading(0) == (8000 * mib, 8192 * mib)
+    ours[0] += 64 * mib  # this server loads
+    device["free"] -= 64 * mib
+    assert reading(0) == (7936 * mib, 8192 * mib)
 
 
 def test_unknown_parts_are_refused(gpu_check, capsys):

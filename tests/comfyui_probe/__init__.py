@@ -25,6 +25,8 @@
 * ``POST /probe/reserve_vram`` ``{"gb": float}``: ``--reserve-vram`` set on the running server (ComfyUI reads it at
   every load, through ``minimum_inference_memory()``), so that one server on a real GPU serves every budget
   (benchmarks/gpu_check.py).
+* With ``PINNED_FREE_MEMORY_ENV`` set, ComfyUI reads the GPU's free memory as if the server were alone on it
+  (tests/hotfix_testing/pinned_free_memory.py), so that the GPU check's servers side by side keep their budgets.
 """
 
 import asyncio
@@ -55,8 +57,13 @@ def _testing_module(name: str):
 
 synthetic_models = _testing_module("synthetic_models")
 emulated_graphs = _testing_module("emulated_graphs")
+pinned_free_memory = _testing_module("pinned_free_memory")
 for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):
     _patcher.start()
+if os.environ.get(pinned_free_memory.PINNED_FREE_MEMORY_ENV) == "1":
+    torch.cuda.mem_get_info = pinned_free_memory.pinned(
+        torch.cuda.mem_get_info, torch.cuda.memory_reserved,
+        lambda device: torch.cuda._utils._get_device_index(device, optional=True))
 
 class TestProbeSaveTensors:
     CATEGORY = "testing"

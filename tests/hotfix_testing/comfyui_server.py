@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hotfix_testing.emulated_graphs import EMULATED_GRAPHS_ENV
+from hotfix_testing.pinned_free_memory import PINNED_FREE_MEMORY_ENV
 from minimax_hotfix.registry import DISABLE_ENV
 
 # A server start or a prompt fails when its log has not grown for this long (the work's own pace, not a guess of the
@@ -88,7 +89,8 @@ class CudaDevice:
     running server through the probe node); ``index`` other than 0 is ``--default-device index`` (the other devices stay visible, but
     ComfyUI renumbers them so that this one is ``cuda:0`` in the server). fp32 and TF32 off, so that outputs compare
     with a ``--cpu`` run; ``text_encoder``: text encoders on the GPU too, in fp32 (``--fp32-text-enc`` instead of
-    ``--force-fp32``, which keeps them on the CPU)."""
+    ``--force-fp32``, which keeps them on the CPU). Its free memory reads as if it were alone on the GPU
+    (``PINNED_FREE_MEMORY_ENV``): the check runs servers side by side."""
 
     index: int = 0
     text_encoder: bool = False
@@ -100,7 +102,7 @@ class CudaDevice:
         return ("--fp32-text-enc" if self.text_encoder else "--force-fp32", "--fp32-vae", *default, *legacy)
 
     def environment(self) -> dict:
-        return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0"}
+        return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0", PINNED_FREE_MEMORY_ENV: "1"}
 
 
 STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
