@@ -113,11 +113,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--servers", type=int, default=max(2, (os.cpu_count() or 2) - 2),
                         help="at most this many ComfyUI servers at once (default: the machine's cores less 2)")
     args = parser.parse_args(argv)
-    args.servers = Servers(args.servers)
     args.parts = [part.strip() for part in args.parts.split(",") if part.strip()]
     unknown = sorted(set(args.parts) - set(PARTS))
     if unknown or not args.parts:
         parser.error(f"--parts: unknown {', '.join(unknown) or '(none given)'}; the parts are {', '.join(PARTS)}")
+    if args.servers < 1:
+        parser.error(f"--servers: at least 1 (a server must be able to start), not {args.servers}")
+    args.servers = Servers(args.servers)
     return args
 
 
@@ -312,7 +314,7 @@ def judge(runs: list[dict], cpu_references: dict) -> tuple[list[dict], int]:
 def scenario_runs(args, work: Path) -> tuple[list[dict], dict, list[dict]]:
     """Every run of the scenario part (``judge``'s runs), the CPU references by key, the skipped runs' rows. One
     server per (loaders, device, memory manager) serves every budget (``set_budget`` before each prompt); those
-    servers and the ``--cpu`` references' run side by side."""
+    servers and the one of the ``--cpu`` references run side by side."""
     from hotfix_testing import seed_scenarios
     from hotfix_testing.comfyui_server import CudaDevice
 

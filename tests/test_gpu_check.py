@@ -369,3 +369,10 @@ def test_unknown_parts_are_refused(gpu_check, capsys):
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--comfyui", ".", "--parts", "scenarios,vision"])
     assert "unknown vision" in capsys.readouterr().err
+
+
+def test_no_server_slots_are_refused(gpu_check, capsys):
+    """``--servers 0`` would leave every server waiting for a slot for ever: refused at once."""
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--comfyui", ".", "--servers", "0"])
+    assert "--servers: at least 1" in capsys.readouterr().err
