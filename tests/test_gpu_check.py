@@ -345,6 +345,28 @@ def test_the_judging_parts_run_side_by_side_and_the_timed_ones_after_them_alone(
     assert all(earlier[1] <= later[0] for earlier, later in zip(timed, timed[1:], strict=False)), spans
 
 
+def test_every_cuda_server_of_the_check_pins_its_free_memory_reading():
+    """``CudaDevice`` asks for the pinned reading and ``pin_where_asked`` (the probe's call) puts it in place of
+    ``torch.cuda.mem_get_info``; without the variable (a server outside the check) the device's reading stays."""
+    import types
+
+    from hotfix_testing.comfyui_server import CudaDevice
+    from hotfix_testing.pinned_free_memory import PINNED_FREE_MEMORY_ENV, pin_where_asked
+
+    def fake_cuda():
+        device = {"free": 1000}
+        return device, types.SimpleNamespace(
+            mem_get_info=lambda index=None: (device["free"], 2000), memory_reserved=lambda index: 0,
+            _utils=types.SimpleNamespace(_get_device_index=lambda device, optional: 0))
+
+    assert CudaDevice(dynamic_vram=True).environment()[PINNED_FREE_MEMORY_ENV] == "1"
+    for environment, pinned in ((CudaDevice().environment(), True), ({}, False)):
+        device, cuda = fake_cuda()
+        assert pin_where_asked(cuda, environment) is pinned and cuda.mem_get_info() == (1000, 2000)
+        device["free"] -= 300  # a neighbour loads
+        assert cuda.mem_get_info(0) == ((1000 if pinned else 700), 2000)
+
+
 def test_a_server_reads_its_free_memory_as_if_alone_on_the_gpu():
     """``pinned_free_memory.pinned`` over a GPU that another process loads: the device's own reading falls by the
     neighbour's bytes (what would shrink this server's partial loads), the pinned one only by this process's."""

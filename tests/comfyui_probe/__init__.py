@@ -60,10 +60,7 @@ emulated_graphs = _testing_module("emulated_graphs")
 pinned_free_memory = _testing_module("pinned_free_memory")
 for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):
     _patcher.start()
-if os.environ.get(pinned_free_memory.PINNED_FREE_MEMORY_ENV) == "1":
-    torch.cuda.mem_get_info = pinned_free_memory.pinned(
-        torch.cuda.mem_get_info, torch.cuda.memory_reserved,
-        lambda device: torch.cuda._utils._get_device_index(device, optional=True))
+pinned_free_memory.pin_where_asked(torch.cuda)
 
 class TestProbeSaveTensors:
     CATEGORY = "testing"

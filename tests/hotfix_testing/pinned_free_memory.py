@@ -7,6 +7,8 @@ first reading plus what this process's allocator held then, less what it holds n
 move it, and ComfyUI still decides every partial load from it. Loaded by the test probe from its file: stdlib only.
 """
 
+import os
+
 PINNED_FREE_MEMORY_ENV = "MINIMAX_HOTFIX_TEST_PINNED_FREE_MEMORY"
 
 
@@ -24,3 +26,13 @@ def pinned(mem_get_info, memory_reserved, index_of):
         return max(baseline - memory_reserved(index), 0), total
 
     return reading
+
+
+def pin_where_asked(cuda, environ=os.environ) -> bool:
+    """Replaces ``cuda.mem_get_info`` (``cuda``: ``torch.cuda``) by ``pinned``'s reading where the server's
+    environment sets PINNED_FREE_MEMORY_ENV (the test probe's call at start-up); whether it did."""
+    if environ.get(PINNED_FREE_MEMORY_ENV) != "1":
+        return False
+    cuda.mem_get_info = pinned(cuda.mem_get_info, cuda.memory_reserved,
+                               lambda device: cuda._utils._get_device_index(device, optional=True))
+    return True
