@@ -79,7 +79,7 @@ def simulated_cuda(gpu_check, comfyui, monkeypatch, tmp_path_factory):
     stand_in_for_cuda(monkeypatch, gpu_check, tmp_path_factory.mktemp("without_frontend"))
 
 
-def check_args(gpu_check, comfyui: Path | None):
+def check_args(gpu_check, comfyui: Path):
     """The check's options for a part run on its own: the ComfyUI at ``comfyui``, two servers at once (this machine's
     cores)."""
     return gpu_check.parse_args(["--comfyui", str(comfyui), "--servers", "2"])

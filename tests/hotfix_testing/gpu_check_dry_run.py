@@ -59,7 +59,6 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default=",".join(part for part in gpu_check.PARTS if part not in CUDA_ONLY_PARTS),
                         help="the check's --parts (default: every part but CUDA_ONLY_PARTS)")
     args = parser.parse_args(argv)
-    parts = args.parts.split(",")
     with tempfile.TemporaryDirectory(prefix="minimax-hotfix-gpu-check-dry-run-") as work, \
             pytest.MonkeyPatch.context() as monkeypatch:
         stand_in_for_cuda(monkeypatch, gpu_check, Path(work) / "without_frontend", emulated_graphs=True)
@@ -67,11 +66,11 @@ def main(argv=None) -> int:
         monkeypatch.setattr(gpu_check, "cannot_run", lambda check_args: None)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"simulated accelerator {index}")
         out = Path(work) / "report.json"
-        status = gpu_check.main(["--comfyui", str(args.comfyui), "--out", str(out), "--parts", ",".join(parts),
+        status = gpu_check.main(["--comfyui", str(args.comfyui), "--out", str(out), "--parts", args.parts,
                                  "--servers", args.servers])
         report = json.loads(out.read_text())
     print(json.dumps({"exit": status, "wall_s": report["wall_s"], "failed_checks": report["failed_checks"],
-                      **{f"{part}_wall_s": report.get(f"{part}_wall_s") for part in parts}}, indent=2))
+                      **{f"{part}_wall_s": report.get(f"{part}_wall_s") for part in args.parts.split(",")}}, indent=2))
     return status
 
 
