@@ -79,13 +79,20 @@ API_LOADER_OUTPUTS = {
     "DualCLIPLoader": ["CLIP"],
     "TripleCLIPLoader": ["CLIP"],
     "QuadrupleCLIPLoader": ["CLIP"],
-    # ComfyUI-GGUF
+    # ComfyUI-GGUF: its legacy loaders, and the Dynamic VRAM ones (the loaders of MiniMax Music 3's GGUF text encoder
+    # under dynamic VRAM, where its CUDA graphs run) and its MiniMax H3 VAE loader
     "UnetLoaderGGUF": ["MODEL"],
     "UnetLoaderGGUFAdvanced": ["MODEL"],
+    "UnetLoaderGGUFDynamicVRAM": ["MODEL"],
     "CLIPLoaderGGUF": ["CLIP"],
     "DualCLIPLoaderGGUF": ["CLIP"],
     "TripleCLIPLoaderGGUF": ["CLIP"],
     "QuadrupleCLIPLoaderGGUF": ["CLIP"],
+    "CLIPLoaderGGUFDynamicVRAM": ["CLIP"],
+    "DualCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
+    "TripleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
+    "QuadrupleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
+    "VAELoaderGGUF": ["VAE"],
 }
 
 
@@ -741,12 +748,13 @@ def _consumers_by_source(doc: dict, sources: set, model_inputs: set) -> dict:
     return found
 
 
-def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
+def _insert_api_apply_nodes(doc: dict, loader_outputs: Callable[[str], list | None]) -> tuple[list, list]:
     """Inserts the Apply nodes, replacing every node it changes with a changed copy (the nodes themselves are never
     written to, so a caller's shallow copy of ``doc`` keeps its original intact)."""
     inserted, warnings = [], []
     model_inputs = {input_name for _, input_name in APPLY_NODE.values()}
-    sources = {node_id for node_id, node in doc.items() if node["class_type"] in API_LOADER_OUTPUTS}
+    outputs_by_type = {class_type: loader_outputs(class_type) for class_type in {n["class_type"] for n in doc.values()}}
+    sources = {node_id for node_id, node in doc.items() if outputs_by_type[node["class_type"]] is not None}
     consumers = _consumers_by_source(doc, sources, model_inputs)
     copied: set = set()
     next_id = max([0] + [int(key) for key in map(str, doc) if key.isascii() and key.isdigit()]) + 1
@@ -754,7 +762,7 @@ def _insert_api_apply_nodes(doc: dict) -> tuple[list, list]:
         class_type = node["class_type"]
         if class_type in STOCK_TO_PACK or class_type.startswith(RULES["pack_node_prefix"]):
             continue
-        outputs = API_LOADER_OUTPUTS.get(class_type)
+        outputs = outputs_by_type[class_type]
         if outputs is None:
             own_inputs = {name.lower() for name in node.get("inputs") or {}}
             fed = sorted({name for _, _, name in consumers[node_id]
@@ -854,12 +862,14 @@ def _chosen_node(doc: dict, only: dict):
     raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
 
 
-def swap_api(prompt: dict) -> Changes:
+def swap_api(prompt: dict, loader_outputs: Callable[[str], list | None] = API_LOADER_OUTPUTS.get) -> Changes:
     """The swap of an API-format ``prompt`` that ``validate`` accepted, in one pass over its nodes: ``prompt``'s
     entries are replaced by changed copies, the nodes themselves never written to, so the server's on-prompt handler
     swaps a shallow copy and leaves the client's prompt as it came (registry/prompt_fixing.py). Checks the nodes'
     shape first (WorkflowError before anything changes); not their depth, which only ``swap``'s callers that copy or
-    render the whole document need (``validate``)."""
+    render the whole document need (``validate``). ``loader_outputs``: a node type's output types where it makes a
+    new MODEL, CLIP or VAE (an output of another type, or one it passes on, as None), else None; a server knows
+    every node type it has (nodes/prompt_fixing.py), a file alone only ``API_LOADER_OUTPUTS``."""
     if workflow_format(prompt) != "api":
         raise WorkflowError("expected an API-format workflow (an object of nodes, each with a \"class_type\")")
     _check_api(prompt, reverse=False)
@@ -868,7 +878,7 @@ def swap_api(prompt: dict) -> Changes:
         if node["class_type"] in STOCK_TO_PACK:
             prompt[key] = {**node, "class_type": STOCK_TO_PACK[node["class_type"]]}
             changes.swapped.append(prompt[key])
-    changes.inserted, changes.warnings = _insert_api_apply_nodes(prompt)
+    changes.inserted, changes.warnings = _insert_api_apply_nodes(prompt, loader_outputs)
     return changes
 
 

@@ -12,26 +12,17 @@ from ..contract import log
 ROUTE = "/minimax_hotfix/known_error"
 
 
-def _output_types(class_type: str) -> tuple:
-    """A node type's output types, as the running ComfyUI defines them; none for a type it does not know."""
-    import nodes
-
-    try:
-        return tuple(getattr(nodes.NODE_CLASS_MAPPINGS.get(class_type), "RETURN_TYPES", ()) or ())
-    except Exception:  # noqa: BLE001  (a third-party node's broken definition only hides its outputs)
-        return ()
-
-
 def _explain(body: dict):
     from .. import swap_loaders
     from ..registry.known_errors import explain
+    from .node_types import output_types
 
     error, prompt = body.get("error"), body.get("prompt")
     if not isinstance(error, dict) or not isinstance(prompt, dict):
         return None
     prompt = {key: node for key, node in prompt.items()
               if isinstance(node, dict) and isinstance(node.get("class_type"), str)}
-    return explain(error, prompt, _output_types, swap_loaders.STOCK_TO_PACK,
+    return explain(error, prompt, output_types, swap_loaders.STOCK_TO_PACK,
                    {io_type: apply_type for io_type, (apply_type, _) in swap_loaders.APPLY_NODE.items()})
 
 

@@ -30,6 +30,7 @@ from ..registry.prompt_fixing import (
     failure_hint,
     startup_hint,
 )
+from .node_types import loader_outputs
 
 PROMPT_PATHS = ("/prompt", "/api/prompt")
 REGISTERED_AS = "minimax_hotfix.prompt_fixing"  # what the handlers are known by, whichever copy of the pack added them
@@ -65,7 +66,7 @@ def _running_prompt_goes_through_the_pack() -> bool:
 
 def on_prompt(body):
     """ComfyUI's on-prompt handler."""
-    return PROMPT_FIXING.fixed_body(body, _queuing_user_setting.get())
+    return PROMPT_FIXING.fixed_body(body, _queuing_user_setting.get(), loader_outputs)
 
 
 on_prompt.registered_as = REGISTERED_AS

@@ -55,9 +55,10 @@ class PromptFixing:
         self._switched_on = 0
         self._changed = 0
 
-    def fixed_body(self, body, user_setting: bool | None):
+    def fixed_body(self, body, user_setting: bool | None, loader_outputs=None):
         """``body`` (a ``POST /prompt`` body) with its prompt fixed, a new dict; ``body`` itself where the switch is
-        off, the prompt needs nothing, or the swap cannot read it. Never raises."""
+        off, the prompt needs nothing, or the swap cannot read it. Never raises. ``loader_outputs``: what the server
+        knows of each node type's outputs (``swap_loaders.swap_api``); None: the swap's own table."""
         if not switched_on(user_setting) or not isinstance(body, dict) or not isinstance(body.get("prompt"), dict):
             return body
         from .. import swap_loaders
@@ -66,7 +67,7 @@ class PromptFixing:
             self._switched_on += 1
         try:
             prompt = dict(body["prompt"])  # swap_api replaces changed nodes with copies: the client's stay intact
-            changes = swap_loaders.swap_api(prompt)
+            changes = swap_loaders.swap_api(prompt, loader_outputs or swap_loaders.API_LOADER_OUTPUTS.get)
         except swap_loaders.WorkflowError as exc:
             log.info("MiniMax Hotfix: prompt left as it is (server-side fixing cannot read it: %s)", exc)
             return body

@@ -23,7 +23,8 @@ PACK_FOLDERS = ("api.py", "__init__.py", "pyproject.toml", "swap_loaders.py", "c
 # kernels two of them run at once (transformers_static_cache's waits for transformers' generation code).
 STARTUP_MODULES = ["__init__.py", "api.py", "contract/__init__.py", "contract/on_import.py",
                    "kernels/__init__.py", "kernels/ck_rope_device.py", "kernels/cpu_device_cuda_query.py",
-                   "nodes/__init__.py", "nodes/known_error_route.py", "nodes/prompt_fixing.py", "nodes/swap_route.py",
+                   "nodes/__init__.py", "nodes/known_error_route.py", "nodes/node_types.py", "nodes/prompt_fixing.py",
+                   "nodes/swap_route.py",
                    "patches/__init__.py", "patches/ck_rope_device.py", "patches/cpu_device_cuda_query.py",
                    "patches/transformers_static_cache.py", "registry/__init__.py", "registry/prompt_fixing.py"]
 # The fixes that load after start-up, with the first model or the status table: every fix but the process-wide ones

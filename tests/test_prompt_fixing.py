@@ -179,3 +179,81 @@ def test_registering_twice_adds_each_handler_once(comfyui, monkeypatch):
     assert first[1:] == (1, 1, 1) and again == first
     assert nodes_prompt_fixing.registered(root.handlers)
     assert not nodes_prompt_fixing.registered([logging.NullHandler(), len])  # red control: others are not the pack's
+
+
+def music3_gguf_prompt(loader: str) -> dict:
+    """Seed 002's Music 3 prompt in API form: its GGUF text encoder from ``loader``, under dynamic VRAM."""
+    return {"1": {"class_type": loader, "inputs": {"clip_name": "minimax_music3_text_encoder_pruned_Q4_0.gguf",
+                                                   "type": "minimax", "device": "default"}},
+            "2": {"class_type": "MiniMaxMusic3TextEncode", "inputs": {"clip": ["1", 0], "tags": "folk"}}}
+
+
+@pytest.mark.parametrize("loader", ["CLIPLoaderGGUFDynamicVRAM", "DualCLIPLoaderGGUFDynamicVRAM",
+                                    "TripleCLIPLoaderGGUFDynamicVRAM", "QuadrupleCLIPLoaderGGUFDynamicVRAM"])
+def test_comfyui_gguf_dynamic_vram_loaders_get_their_apply_node(monkeypatch, loader):
+    """Seed 002's own loader: the capture crash is repaired only through the Apply node after it."""
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    fixed = PromptFixing().fixed_body(body(music3_gguf_prompt(loader)), True)["prompt"]
+    assert fixed["2"]["inputs"]["clip"] == ["3", 0]
+    assert fixed["3"]["class_type"] == "MiniMaxHotfixApplyCLIP" and fixed["3"]["inputs"]["clip"] == ["1", 0]
+    monkeypatch.delitem(swap_loaders.API_LOADER_OUTPUTS, loader)  # red control: a type the swap does not know
+    changes = swap_loaders.swap_api(music3_gguf_prompt(loader))
+    assert not changes and "output types are unknown in API format" in changes.warnings[0]
+
+
+class ThirdPartyCLIPLoader:  # a multi-GPU subclass of a GGUF loader, say: a type no table names
+    RETURN_TYPES = ("CLIP",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"clip_name": (["a.gguf"],), "type": (["minimax"],)}, "optional": {"device": (["cuda:1"],)}}
+
+
+class ThirdPartyLoraLoader:  # passes the CLIP it takes on: its source gets the Apply node
+    RETURN_TYPES = ("MODEL", "CLIP")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "clip": ("CLIP",), "strength": ("FLOAT", {"default": 1.0})}}
+
+
+class ThirdPartyModelAndVAE:  # takes a MODEL, makes a new VAE
+    RETURN_TYPES = ("MODEL", "VAE")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}}
+
+
+class BrokenInputs:
+    RETURN_TYPES = ("CLIP",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        raise OSError("models folder gone")
+
+
+def test_a_server_gives_any_loader_it_has_its_apply_node(comfyui, monkeypatch):
+    """On a server every node type's outputs and inputs are known: a third-party loader no table names is fixed too."""
+    import nodes
+    from minimax_hotfix.nodes.node_types import loader_outputs
+
+    for node_class in (ThirdPartyCLIPLoader, ThirdPartyLoraLoader, ThirdPartyModelAndVAE, BrokenInputs):
+        monkeypatch.setitem(nodes.NODE_CLASS_MAPPINGS, node_class.__name__, node_class)
+    assert [loader_outputs(name) for name in ("ThirdPartyCLIPLoader", "ThirdPartyLoraLoader", "ThirdPartyModelAndVAE",
+                                              "BrokenInputs", "NoSuchNode", "KSampler", "CLIPLoaderGGUFDynamicVRAM")] \
+        == [["CLIP"], None, [None, "VAE"], None, None, None, ["CLIP"]]
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    prompt = {**music3_gguf_prompt("ThirdPartyCLIPLoader"),
+              "3": {"class_type": "ThirdPartyLoraLoader", "inputs": {"model": ["5", 0], "clip": ["1", 0]}},
+              "4": {"class_type": "VAEDecode", "inputs": {"vae": ["5", 1], "samples": ["2", 0]}},
+              "5": {"class_type": "ThirdPartyModelAndVAE", "inputs": {"model": ["6", 0]}},
+              "6": {"class_type": "UNETLoader", "inputs": {"unet_name": "m.safetensors", "weight_dtype": "default"}}}
+    fixed = PromptFixing().fixed_body(body(prompt), True, loader_outputs)["prompt"]
+    applied = {node["inputs"][node["class_type"].removeprefix("MiniMaxHotfixApply").lower()][0]: node["class_type"]
+               for node in fixed.values() if node["class_type"].startswith("MiniMaxHotfixApply")}
+    assert applied == {"1": "MiniMaxHotfixApplyCLIP", "5": "MiniMaxHotfixApplyVAE"}
+    assert fixed["6"]["class_type"] == "MiniMaxHotfixUNETLoader"
+    # red control: the table alone knows none of the third-party types
+    unfixed = PromptFixing().fixed_body(body(prompt), True)["prompt"]
+    assert not any(node["class_type"].startswith("MiniMaxHotfixApply") for node in unfixed.values())
