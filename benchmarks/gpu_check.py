@@ -38,7 +38,10 @@ a time, alone on it.
    the text encoder on the GPU, on the simulated cores MUSIC3_GRAPH_CORES (built from ../shared/comfyui beside the
    checkout), stock and pack, each with graphs on and off (``--disable-cuda-graphs`` set on the running server):
    stock's stale-replay noise where the fix is needed, the pack equal to graphs off with its units captured, a no-op
-   where upstream fixed it, and the time per AR frame both ways (``music3_graphs_part``);
+   where upstream fixed it, and the time per AR frame both ways; and on the fixed core the bundled GGUF workflow,
+   its Q4_0 text encoder through ComfyUI-GGUF's Dynamic VRAM loader (the tests' stand-in,
+   tests/comfyui_gguf_stand_in): stock's capture error, the pack's policy leaving that unit uncaptured and the
+   others graphed, equal to graphs off (``music3_graphs_part``);
 6. h3_fp16_overflow: benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32
    off), plain fp16 and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
 7. doctor: ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
@@ -94,6 +97,12 @@ TIMED_PARTS = ("music3_graph_capture", "music3_graphs_comfyui", "h3_fp16_overflo
 SYNTHETIC_MODEL_PARTS = {"scenarios", "h3_divergence", "music3_graphs_comfyui"}
 # the cores of the Music 3 CUDA-graph part: stale replay without the pack (#15861 before #16428), and fixed upstream
 MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
+# seed 002's other half, on the fixed core (no noise to tell apart): the bundled GGUF workflow, its Q4_0 text encoder
+# from ComfyUI-GGUF's Dynamic VRAM loader (the tests' stand-in); stock with graphs on meets the capture error
+MUSIC3_GGUF_CORE = "fixed Music 3"
+MUSIC3_GGUF_RUNS = f"{MUSIC3_GGUF_CORE}, GGUF Q4_0 text encoder"
+MUSIC3_GGUF_WORKFLOW = ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json"
+CAPTURE_ERROR = "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
 # 250 AR frames (25 a second): enough that the per-frame time is the steady state's, not the first frames' captures
 MUSIC3_GRAPH_SECONDS = 10.0
 PARTIAL_BUDGETS = ("partial", "smallest")
@@ -499,13 +508,16 @@ def vision_tower_part(args, work: Path) -> tuple[list[dict], int]:
 
 
 def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> tuple[list[dict], int]:
-    """The rows of one core's Music 3 graph runs and the number of failed checks. ``state``: what the pack's server
-    logged at start-up of music3_graph_buffers on this core; ``runs``: {(pack, graphs): run}, a run holding
-    ``result`` (``seed_scenarios.run``'s) and ``loops`` (the probe's AR loops). A pack run fails unless it completes,
-    captures graph units with graphs on, and equals stock with graphs off within SAME_DEVICE_TOLERANCE; where
-    upstream fixed the bug, the buffers fix must attach nothing. Stock with graphs on where the fix is needed is the
-    red control: it must differ from graphs off beyond TOLERANCE (the stale replay's noise), or the check has shown
-    nothing."""
+    """The rows of one core's Music 3 graph runs (``core``: a core of MUSIC3_GRAPH_CORES, or MUSIC3_GGUF_RUNS) and
+    the number of failed checks. ``state``: what the pack's server logged at start-up of music3_graph_buffers on this
+    core; ``runs``: {(pack, graphs): run}, a run holding ``result`` (``seed_scenarios.run``'s) and ``loops`` (the
+    probe's AR loops). A pack run fails unless it completes, captures graph units with graphs on, and equals stock
+    with graphs off within SAME_DEVICE_TOLERANCE; where upstream fixed the bug, the buffers fix must attach nothing;
+    with the GGUF encoder the capture policy must leave a unit uncaptured. Stock with graphs on is the red control
+    where the bug is there: with the GGUF encoder it must fail with CUDA's capture error (seed 002a), else, where the
+    buffers fix is needed, it must differ from graphs off beyond TOLERANCE (the stale replay's noise, seed 002b), or
+    the check has shown nothing."""
+    gguf = core == MUSIC3_GGUF_RUNS
     graphs_off = runs[False, False]["result"]["tensors"]
     rows, failed = [], 0
     for (pack, graphs), run in sorted(runs.items()):
@@ -513,14 +525,20 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
         vs_graphs_off = per_key(result["tensors"], graphs_off, compared)
         frames, seconds = sum(loop["frames"] for loop in loops), sum(loop["seconds"] for loop in loops)
         units = max((loop["graph_units"] for loop in loops), default=0)
+        uncaptured = max((loop["unmarked_units"] for loop in loops), default=0)
         problems = [] if result["error"] is None else [f"error: {result['error'][:120]}"]
         if pack:
             problems += ["no graph unit captured with graphs on"] * (graphs and units == 0)
+            problems += ["the capture policy left every unit to capture"] * (gguf and graphs and uncaptured == 0)
             problems += [f"differs from stock with graphs off: {vs_graphs_off}"] * (
                 not within(vs_graphs_off, SAME_DEVICE_TOLERANCE))
             problems += ["music3_graph_buffers attached where it is not needed"] * (state != "needed" and any(
                 "music3_graph_buffers attached" in line for line in result["fix_lines"]))
             verdict = "pass" if not problems else "FAIL: " + "; ".join(problems)
+        elif graphs and gguf:
+            problems = [] if CAPTURE_ERROR in (result["error"] or "") else [
+                f"the capture error did not reproduce: {result['error'] or 'completed'}"]
+            verdict = "red control: capture error, as users met it" if not problems else "FAIL: " + "; ".join(problems)
         elif graphs and state == "needed":
             problems += ["the stale replay did not reproduce: equal to graphs off"] * within(vs_graphs_off, TOLERANCE)
             verdict = "red control: noise, as users met it" if not problems else "FAIL: " + "; ".join(problems)
@@ -529,7 +547,7 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
         failed += verdict.startswith("FAIL")
         rows.append({"core": core, "loaders": "pack" if pack else "stock (server without the pack)",
                      "graphs": "on" if graphs else "off (--disable-cuda-graphs)", "buffers_fix": state,
-                     "error": result["error"], "graph_units": units, "frames": frames,
+                     "error": result["error"], "graph_units": units, "uncaptured_units": uncaptured, "frames": frames,
                      "ms_per_frame": round(1000 * seconds / frames, 3) if frames else None,
                      "vs_stock_graphs_off": vs_graphs_off, "verdict": verdict})
     return rows, failed
@@ -537,12 +555,16 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
 
 def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, tuple],
                                                                                      tuple[str, ...]]:
-    """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES ({core:
-    (state, runs)}, as ``judge_music3_graphs`` takes them) and the compared outputs: one server per (core, loaders)
-    under dynamic VRAM with the text encoder on the GPU (where ComfyUI graphs its units), each prompt with graphs on,
-    then off, one server at a time (the times are the GPU's alone)."""
+    """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES, and the
+    bundled GGUF workflow on MUSIC3_GGUF_CORE ({core or MUSIC3_GGUF_RUNS: (state, runs)}, as ``judge_music3_graphs``
+    takes them) and the compared outputs: one server per (core, loaders) under dynamic VRAM with the text encoder on
+    the GPU (where ComfyUI graphs its units), each prompt with graphs on, then off, one server at a time (the times are
+    the GPU's alone). The GGUF prompts come last on their server, graphs on last of all: on CUDA, stock's failed
+    capture can take the server down, as it did the users' (then the log's capture error is the run's error)."""
     from hotfix_testing import seed_scenarios, simulated_cores
     from hotfix_testing.comfyui_server import CudaDevice, http
+    from hotfix_testing.user_workflows import music3_gguf
+    from hotfix_testing.workflow_api import load
     from hotfix_testing.workflow_prompts import node_id
 
     def music3_prompt(workflow: dict, object_info: dict, tag: str) -> dict:
@@ -550,27 +572,41 @@ def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -
         prompt[node_id(prompt, "MiniMaxMusic3TextEncode")]["inputs"]["max_duration"] = seconds
         return prompt
 
+    def graphs_run(running, workflow: dict, tag: str, graphs: bool) -> dict:
+        http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
+        try:
+            result = seed_scenarios.run(running, workflow, tag, make_prompt=music3_prompt, probes=scenario.probes)
+            return {"result": result, "loops": json.loads(http(running[0] + "/probe/music3_generate")[1])}
+        except OSError:  # the server is gone
+            log = (running[2] / "comfyui.log").read_text()
+            return {"result": {"error": "the server died" + (f": {CAPTURE_ERROR}" if CAPTURE_ERROR in log else ""),
+                               "tensors": {}, "fix_lines": []}, "loops": []}
+
     models = synthetic_models_in(work)
     scenario = seed_scenarios.named("seed 002 Music 3, dynamic VRAM")
     workflows = dict(zip((True, False), seed_scenarios.workflows(scenario.workflow), strict=True))
+    gguf_workflows = {True: load(MUSIC3_GGUF_WORKFLOW), False: music3_gguf()}
     by_core = {}
     for index, core_name in enumerate(MUSIC3_GRAPH_CORES):
         core = simulated_cores.build_core(core_name, work / f"music3_core_{index}" / "ComfyUI")
-        runs = {}
+        runs, gguf_runs = {}, {}
         for pack in (False, True):
             with args.servers.start(core, models, work, CudaDevice(text_encoder=True, dynamic_vram=True),
                                     pack) as running:
                 if pack:  # a server without the pack logs nothing of it
                     state = seed_scenarios.fix_state(running[2], "music3_graph_buffers")
-                for graphs in (True, False):
-                    http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
-                    result = seed_scenarios.run(running, workflows[pack], f"music3_{index}_{pack:d}{graphs:d}",
-                                                make_prompt=music3_prompt, probes=scenario.probes)
-                    loops = json.loads(http(running[0] + "/probe/music3_generate")[1])
-                    runs[pack, graphs] = {"result": result, "loops": loops}
-                    print(f"Music 3 graphs | {core_name} | {'pack' if pack else 'stock'} | graphs "
-                          f"{'on' if graphs else 'off'} | {result['error'] or 'completed'} | {loops}", flush=True)
+                prompts = [(runs, workflows[pack], graphs) for graphs in (True, False)]
+                if core_name == MUSIC3_GGUF_CORE:
+                    prompts += [(gguf_runs, gguf_workflows[pack], graphs) for graphs in (False, True)]
+                for into, workflow, graphs in prompts:
+                    tag = f"music3_{index}_{'gguf_' * (into is gguf_runs)}{pack:d}{graphs:d}"
+                    into[pack, graphs] = run = graphs_run(running, workflow, tag, graphs)
+                    print(f"Music 3 graphs | {core_name}{', GGUF' * (into is gguf_runs)} | "
+                          f"{'pack' if pack else 'stock'} | graphs {'on' if graphs else 'off'} | "
+                          f"{run['result']['error'] or 'completed'} | {run['loops']}", flush=True)
         by_core[core_name] = state, runs
+        if gguf_runs:
+            by_core[MUSIC3_GGUF_RUNS] = state, gguf_runs
     return by_core, scenario.compared
 
 
@@ -586,8 +622,8 @@ def music3_graphs_part(args, work: Path) -> tuple[list[dict], int]:
         rows += core_rows
         failed += core_failed
     for row in rows:
-        print(" | ".join(str(row[key]) for key in ("core", "loaders", "graphs", "graph_units", "ms_per_frame",
-                                                    "verdict")), flush=True)
+        print(" | ".join(str(row[key]) for key in ("core", "loaders", "graphs", "graph_units", "uncaptured_units",
+                                                    "ms_per_frame", "verdict")), flush=True)
     return rows, failed
 
 

@@ -5,9 +5,9 @@ unless the CPU tensor is pinned." for a copy from pageable host memory during ca
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..kernels.music3_graph_capture import decide_unit, is_pageable_host_tensor
@@ -28,21 +28,31 @@ def _refuse_host_copy(source, target) -> None:
             raise RuntimeError(CAPTURE_HOST_COPY_ERROR)
 
 
-class _HostDataRule(TorchFunctionMode):
-    """``torch.tensor(<Python data>, device=gpu)`` stages the data in pageable host memory, then copies it over."""
+@contextlib.contextmanager
+def _host_data_rule(host_data_is_copy):
+    """``torch.tensor(<Python data>, device=gpu)`` stages the data in pageable host memory, then copies it over.
+    ``torch.tensor`` and ``torch.as_tensor`` themselves are replaced for as long as the capture lasts, in the
+    capturing thread only: a tensor subclass's ``__torch_dispatch__`` (a GGUF weight dequantized inside
+    ``F.linear``) runs with no torch-function mode active, and its factories must meet the rule too."""
+    capturing = threading.get_ident()
+    originals = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
 
-    def __init__(self, host_data_is_copy):
-        super().__init__()
-        self.host_data_is_copy = host_data_is_copy
+    def ruled(factory):
+        def factory_under_capture(data=None, *args, **kwargs):
+            if threading.get_ident() == capturing:
+                if host_data_is_copy and not isinstance(data, torch.Tensor):
+                    raise RuntimeError(CAPTURE_HOST_COPY_ERROR)
+                _refuse_host_copy(data, kwargs.get("device"))
+            return factory(data, *args, **kwargs)
+        return factory_under_capture
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.tensor, torch.as_tensor):
-            data = args[0] if args else kwargs.get("data")
-            if self.host_data_is_copy and not isinstance(data, torch.Tensor):
-                raise RuntimeError(CAPTURE_HOST_COPY_ERROR)
-            _refuse_host_copy(data, kwargs.get("device"))
-        return func(*args, **kwargs)
+    for name, factory in originals.items():
+        setattr(torch, name, ruled(factory))
+    try:
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
 
 
 class _HostCopyRule(TorchDispatchMode):
@@ -63,5 +73,5 @@ def emulated_capture(host_data_is_copy=False):
     """Stream-capture rules for host copies, on any build. On a CPU build, ``meta`` tensors stand in for the
     capturing GPU (FakeTensor ``cuda`` cannot run in-place methods there); for code that must run on real CPU
     tensors, ``host_data_is_copy`` counts every tensor made from Python data as the host copy it is on a GPU."""
-    with _HostDataRule(host_data_is_copy), _HostCopyRule():
+    with _host_data_rule(host_data_is_copy), _HostCopyRule():
         yield

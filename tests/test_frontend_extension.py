@@ -58,9 +58,9 @@ BUNDLED = sorted(path.stem for path in (PACK_ROOT / "workflows").glob("*.json"))
 # template, a bundled workflow and a GGUF graph (an Apply node inserted); on 1.58.1 each of them was red before the
 # extension recorded its own undo step
 ON_EVERY_FRONTEND = {"template video_minimax_h3_t2v", "template audio_minimax_music_3",
-                     "bundled MiniMax H3 text to video (stock)", "Music 3 CLIPLoaderGGUF"}
+                     "bundled MiniMax H3 text to video (stock)", "Music 3 CLIPLoaderGGUFDynamicVRAM"}
 WORKFLOWS = (_official_minimax_templates() + [(f"bundled {stem} (stock)", _bundled_stock(stem)) for stem in BUNDLED]
-             + [("Music 3 CLIPLoaderGGUF", music3_gguf()), ("Music 3 CheckpointLoaderSimple", music3_checkpoint())])
+             + [("Music 3 CLIPLoaderGGUFDynamicVRAM", music3_gguf()), ("Music 3 CheckpointLoaderSimple", music3_checkpoint())])
 
 
 @pytest.fixture(scope="module", params=FRONTENDS)
@@ -180,7 +180,7 @@ def test_the_official_minimax_templates_are_all_there():
 
 NODE_CASES = [(lambda: _bundled_stock("MiniMax Music 3"), node_type) for node_type in ("VAELoader", "CLIPLoader",
                                                                                        "UNETLoader")]
-NODE_CASES += [(music3_gguf, "CLIPLoaderGGUF"), (music3_checkpoint, "CheckpointLoaderSimple")]
+NODE_CASES += [(music3_gguf, "CLIPLoaderGGUFDynamicVRAM"), (music3_checkpoint, "CheckpointLoaderSimple")]
 
 
 def _menu_item(node_id) -> str:

@@ -250,11 +250,14 @@ def test_its_vision_tower_part_runs_with_the_simulated_device_standing_in_for_cu
 def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyui(gpu_check, comfyui, monkeypatch,
                                                                                   tmp_path):
     """The Music 3 graph part (``music3_graph_runs``) run once without a GPU: servers on the simulated device with
-    dynamic VRAM, the text encoder on the device and the AR loop on the emulated CUDA graphs
-    (hotfix_testing/emulated_graphs.py). On the post-#15861 core stock with graphs is noise and the pack equals
-    graphs off with its units captured; on the fixed core the pack attaches no buffers and equals stock. Red
-    controls of the verdict: a pack whose graphed output is off by 5e-4, and a stock core that does not show the
-    noise, both fail."""
+    dynamic VRAM, the text encoder on the device and the AR loop on the emulated CUDA graphs under the emulated
+    capture rules (hotfix_testing/emulated_graphs.py), the units those ComfyUI's load marked. On the post-#15861 core
+    stock with graphs is noise and the pack equals graphs off with its units captured; on the fixed core the pack
+    attaches no buffers and equals stock. The bundled GGUF workflow (seed 002a: its Q4_0 layer through the stand-in
+    of ComfyUI-GGUF's Dynamic VRAM loader): stock with graphs fails with CUDA's capture error, the pack leaves that
+    one unit uncaptured, graphs the others and equals graphs off. Red controls of the verdict: a pack whose graphed
+    output is off by 5e-4, a stock core that does not show the noise, a stock GGUF run that completes, and a pack
+    whose policy left every unit to capture, all fail."""
     from hotfix_testing import simulated_cores
     from hotfix_testing.gpu_check_dry_run import stand_in_for_cuda
     from hotfix_testing.workflow_prompts import MUSIC3_SECONDS
@@ -265,6 +268,7 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     by_core, compared = gpu_check.music3_graph_runs(check_args(gpu_check, Path(comfyui)), tmp_path,
                                                     seconds=MUSIC3_SECONDS)  # 5 frames, not the GPU's 250
     stale, fixed = gpu_check.MUSIC3_GRAPH_CORES
+    gguf = gpu_check.MUSIC3_GGUF_RUNS
     judged = {core: gpu_check.judge_music3_graphs(core, state, runs, compared)
               for core, (state, runs) in by_core.items()}
     rows = {(row["core"], row["loaders"].split()[0], row["graphs"].split()[0]): row
@@ -274,8 +278,14 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     assert rows[stale, "pack", "on"]["buffers_fix"] == "needed"
     assert max(rows[stale, "stock", "on"]["vs_stock_graphs_off"].values()) > 1.0, rows[stale, "stock", "on"]
     assert rows[fixed, "pack", "on"]["buffers_fix"] == "fixed upstream"
+    assert rows[gguf, "stock", "on"]["verdict"] == "red control: capture error, as users met it"
+    assert gpu_check.CAPTURE_ERROR in rows[gguf, "stock", "on"]["error"]
+    # the load marks all 3 units (2 Llama layers, the depth decoder); the policy keeps the Q4_0 layer's from capture
+    assert [rows[core, "pack", "on"]["graph_units"] for core in (fixed, gguf)] == [3, 2]
+    assert [rows[gguf, loaders, "on"]["uncaptured_units"] for loaders in ("stock", "pack")] == [0, 1]
     for (core, loaders, graphs), row in rows.items():
-        assert row["error"] is None and (row["graph_units"] > 0) is (graphs == "on"), row
+        if (core, loaders, graphs) != (gguf, "stock", "on"):
+            assert row["error"] is None and (row["graph_units"] > 0) is (graphs == "on"), row
         if loaders == "pack" or core == fixed:
             assert set(row["vs_stock_graphs_off"].values()) == {0.0}, row
 
@@ -285,6 +295,12 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     assert gpu_check.judge_music3_graphs(stale, state, off_by, compared)[1] == 1
     no_noise = {**runs, (False, True): runs[False, False]}
     assert gpu_check.judge_music3_graphs(stale, state, no_noise, compared)[1] == 1
+    state, runs = by_core[gguf]
+    no_capture_error = {**runs, (False, True): runs[False, False]}
+    assert gpu_check.judge_music3_graphs(gguf, state, no_capture_error, compared)[1] == 1
+    every_unit_captured = {**runs, (True, True): {**runs[True, True], "loops": [
+        {**loop, "unmarked_units": 0} for loop in runs[True, True]["loops"]]}}
+    assert gpu_check.judge_music3_graphs(gguf, state, every_unit_captured, compared)[1] == 1
 
 
 def test_the_report_is_written_after_each_part(gpu_check, monkeypatch, tmp_path):

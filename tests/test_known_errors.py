@@ -188,7 +188,7 @@ def test_a_model_from_another_loader_gets_an_apply_node_after_that_loader(needed
                       "capture unless the CPU tensor is pinned.", frames(f"{COMFY}/comfy/text_encoders/llama.py"))
     reply = said(prompt, error)
     assert (reply["action"], reply["node"], reply["apply"]) == (
-        "insert_apply", node_of(prompt, "CLIPLoaderGGUF"), "MiniMaxHotfixApplyCLIP")
+        "insert_apply", node_of(prompt, "CLIPLoaderGGUFDynamicVRAM"), "MiniMaxHotfixApplyCLIP")
     # the bundled workflow has that Apply node already
     bundled = ui_to_api(load(ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json"), SPECS)
     assert said(bundled, failed_at(bundled, "MiniMaxMusic3TextEncode", error["exception_message"], ""))["action"] \

@@ -5,12 +5,11 @@ and read with the ``gguf`` package) and residency, and a decoder run under emula
 import pytest
 import torch
 
+from hotfix_testing.ggml_layout import GGMLLayoutParams, ggml_layout_tensor
 from hotfix_testing.music3_support import (
-    GGMLLayoutParams,
     GGMLTensor,
     check_not_applicable_without_comfyui,
     check_self_test_red_then_green,
-    ggml_layout_tensor,
     write_and_read_gguf,
 )
 from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR, capture_allowed_on, emulated_capture
@@ -78,6 +77,29 @@ def test_a_dynamic_vram_gguf_weight_refuses_capture_even_when_streamed(q4_0):
     assert ggml_type(unit.weight) == 2
     decision = decide_unit([unit], CUDA)
     assert not decision.capture and "GGUF Q4_0" in decision.reason
+
+
+@pytest.mark.skipif(GGMLLayoutParams is None, reason="needs comfy-kitchen")
+def test_the_emulated_capture_sees_a_dequantization_inside_a_weights_dispatch(q4_0):
+    """ComfyUI's dynamic-VRAM cast leaves a GGUF weight quantized and ``F.linear`` dequantizes it in the weight's
+    ``__torch_dispatch__``, where no torch-function mode runs: the emulated rules must see that host copy as CUDA
+    does (before they did not, and a GGUF Music 3 server on the emulated graphs captured its Q4_0 layer). The rule
+    holds in the capturing thread only, and not after the capture."""
+    import threading
+
+    _, raw, shape = q4_0
+    weight = ggml_layout_tensor(raw, shape, gguf.GGMLQuantizationType.Q4_0)
+    x = torch.randn(2, shape[1], dtype=torch.bfloat16)
+    for call in (lambda: torch.nn.functional.linear(x, weight), lambda: x @ weight.t(), weight.dequantize):
+        with pytest.raises(RuntimeError, match="during CUDA graph capture"), emulated_capture(host_data_is_copy=True):
+            call()
+    other_thread = []
+    with emulated_capture(host_data_is_copy=True):
+        thread = threading.Thread(target=lambda: other_thread.append(torch.nn.functional.linear(x, weight)))
+        thread.start()
+        thread.join()
+    assert other_thread[0].shape == (2, shape[0])
+    assert torch.equal(torch.nn.functional.linear(x, weight), other_thread[0])
 
 
 @pytest.mark.parametrize("type_name, capture", [("F16", True), ("BF16", True), ("Q8_0", True), ("Q4_0", False),

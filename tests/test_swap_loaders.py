@@ -331,11 +331,11 @@ def test_layout_of_the_input_is_kept(tmp_path):
 # ---- Apply nodes after other loaders ----
 
 @pytest.mark.parametrize("build,expected", [
-    (music3_gguf, {"MiniMaxHotfixApplyCLIP": "CLIPLoaderGGUF"}),
+    (music3_gguf, {"MiniMaxHotfixApplyCLIP": "CLIPLoaderGGUFDynamicVRAM"}),
     (music3_checkpoint, {"MiniMaxHotfixApplyModel": "CheckpointLoaderSimple",
                          "MiniMaxHotfixApplyCLIP": "CheckpointLoaderSimple",
                          "MiniMaxHotfixApplyVAE": "CheckpointLoaderSimple"}),
-], ids=["CLIPLoaderGGUF", "CheckpointLoaderSimple"])
+], ids=["CLIPLoaderGGUFDynamicVRAM", "CheckpointLoaderSimple"])
 def test_other_loaders_get_the_apply_node_with_every_consumer_rewired(build, expected):
     original = build()
     swapped = copy.deepcopy(original)

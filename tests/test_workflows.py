@@ -6,8 +6,8 @@ the official templates that tests/test_official_templates_on_device.py runs) use
 lowered as the frontend queues them (one template's and a nested case checked). With COMFYUI_PATH: the same checks against a live ComfyUI started with this pack, the snapshot is
 compared with it (MINIMAX_HOTFIX_UPDATE_SPECS=1 rewrites it), ComfyUI lists the workflows at /workflow_templates and
 serves each with its thumbnail, and each workflow, converted to API format, passes /prompt validation except for the
-model files that the test ComfyUI does not have. ComfyUI-GGUF's CLIPLoaderGGUF is a stand-in custom node defined
-here (same inputs, validation only), so the GGUF workflow is validated without that pack.
+model files that the test ComfyUI does not have. ComfyUI-GGUF's text encoder loaders are a stand-in custom node of
+the tests (tests/comfyui_gguf_stand_in: same inputs), so the GGUF workflow is validated without that pack.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_models_load_through_the_pack_with_official_file_names(path):
     assert not set(types) & set(swap_loaders.STOCK_TO_PACK), "a stock loader left in a bundled workflow"
     assert "MiniMaxHotfixUNETLoader" in types and "MiniMaxHotfixVAELoader" in types
     for node in workflow["nodes"]:
-        if node["type"] == "CLIPLoaderGGUF":
+        if node["type"] == "CLIPLoaderGGUFDynamicVRAM":
             assert any(link[1] == node["id"] for link in workflow["links"] if link[5] == "CLIP")
             consumers = {link[3] for link in workflow["links"] if link[1] == node["id"]}
             assert {next(n["type"] for n in workflow["nodes"] if n["id"] == c) for c in consumers} == {
@@ -308,7 +308,7 @@ def test_prompt_validation_fails_only_for_missing_model_files(path, comfy_server
     assert_only_model_files_missing(url, object_info, load(path))
 
 
-@pytest.mark.parametrize("build", [music3_gguf, music3_checkpoint], ids=["CLIPLoaderGGUF", "CheckpointLoaderSimple"])
+@pytest.mark.parametrize("build", [music3_gguf, music3_checkpoint], ids=["CLIPLoaderGGUFDynamicVRAM", "CheckpointLoaderSimple"])
 def test_swapped_user_workflows_pass_prompt_validation(build, comfy_server):
     url, object_info = comfy_server
     workflow = build()
@@ -349,7 +349,8 @@ def test_the_swap_tools_api_loader_table_matches_comfyui(comfy_server):
     _, object_info = comfy_server
     core = {name: outputs for name, outputs in swap_loaders.API_LOADER_OUTPUTS.items() if "GGUF" not in name}
     assert {name: object_info[name]["output"] for name in core} == core
-    assert object_info["CLIPLoaderGGUF"]["output"] == swap_loaders.API_LOADER_OUTPUTS["CLIPLoaderGGUF"]
+    for stand_in in STAND_INS:
+        assert object_info[stand_in]["output"] == swap_loaders.API_LOADER_OUTPUTS[stand_in]
 
 
 # ---- the swap route, fuzzed (one server, every request in a row) ----

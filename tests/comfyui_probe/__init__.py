@@ -14,14 +14,16 @@
   ComfyUI reads only when it loads a model or runs it (``LOAD_ARGS``), set on the running server: what runs after it
   runs as in a server started with (or without) that option, so that one server shows both.
 * ``GET /probe/music3_generate``: each Music 3 AR loop (``MiniMaxMusic3AR.generate``) since the last request: its
-  seconds, frames and the graph units it captured (CUDA: ``comfy.model_prefetch.GRAPH_MODULES`` before ComfyUI's
-  clean-up after the node; the emulation's on the CPU).
+  seconds, frames, the graph units it captured (CUDA: ``comfy.model_prefetch.GRAPH_MODULES`` before ComfyUI's
+  clean-up after the node; the emulation's on the CPU) and the units it started without a capture mark
+  (``_v_block`` None: not streamed by the load, or left uncaptured by the pack's capture policy).
 * ``POST /probe/trace`` ``{"on": bool}``: on, every module call in the server from then on records its class and
   its output's shape, L1 norm and largest magnitude (a forward hook on every module); off, the hook is removed and the
   calls are returned, so that a run on a GPU and one on the CPU name the first module whose output parts
   (benchmarks/gpu_check.py, ``first_divergence``).
 * With ``EMULATED_GRAPHS_ENV`` set, the server's Music 3 AR loop runs on the emulated CUDA graphs
-  (tests/hotfix_testing/emulated_graphs.py), so that a CPU or simulated-device server shows what graphs do.
+  (tests/hotfix_testing/emulated_graphs.py) under the emulated capture rules, so that a CPU or simulated-device
+  server shows what graphs do: the stale replay's noise, and the capture error of a unit that copies from the host.
 * ``POST /probe/reserve_vram`` ``{"gb": float}``: ``--reserve-vram`` set on the running server (ComfyUI reads it at
   every load, through ``minimum_inference_memory()``), so that one server on a real GPU serves every budget
   (benchmarks/gpu_check.py).
@@ -58,6 +60,7 @@ def _testing_module(name: str):
 synthetic_models = _testing_module("synthetic_models")
 emulated_graphs = _testing_module("emulated_graphs")
 pinned_free_memory = _testing_module("pinned_free_memory")
+pack_modules = _testing_module("pack_modules")
 for _patcher in synthetic_models.tiny_config_patches(Path(folder_paths.models_dir)):
     _patcher.start()
 pinned_free_memory.pin_where_asked(torch.cuda)
@@ -158,13 +161,17 @@ async def set_reserve_vram(request):
 
 def _record_music3_generate():
     """Wraps ``MiniMaxMusic3AR.generate`` (where this core has Music 3) to record each AR loop; with
-    EMULATED_GRAPHS_ENV, runs it on the emulated graphs, dropped after each loop as ComfyUI drops its graphs."""
+    EMULATED_GRAPHS_ENV, runs it on the emulated graphs, dropped after each loop as ComfyUI drops its graphs, each
+    capture under the emulated capture rules (a host copy raises CUDA's error; the pack's own rules, loaded without
+    the pack). The units are those ComfyUI's dynamic VRAM load marked (``_v_block``), as on a CUDA machine."""
     try:
         import comfy.ldm.minimax_music.ar as ar
         import comfy.model_prefetch as prefetch
     except ImportError:
         return
     emulated = os.environ.get(emulated_graphs.EMULATED_GRAPHS_ENV) == "1"
+    capture_rules = functools.partial(pack_modules.pack_module("diagnostics.emulated_capture").emulated_capture,
+                                      host_data_is_copy=True)
     emulation = None
     generate = ar.MiniMaxMusic3AR.generate
 
@@ -173,15 +180,17 @@ def _record_music3_generate():
         nonlocal emulation
         if emulated:
             if emulation is None:  # at the first loop: the pack has read the real code at start-up by then
-                emulation = SERVER_LIFETIME.enter_context(emulated_graphs.emulated_graph_path(prefetch))
+                emulation = SERVER_LIFETIME.enter_context(emulated_graphs.emulated_graph_path(prefetch, capture_rules))
             emulation.enabled = not args.disable_cuda_graphs
             emulation.reset()
-            emulated_graphs.mark_units(self)
+        roots = [unit[0] if isinstance(unit, (list, tuple)) else unit
+                 for group in getattr(self, "get_dynamic_vram__units", lambda: ())() for unit in group]
         started = time.perf_counter()
         frames = generate(self, *call_args, **kwargs)
         seconds = time.perf_counter() - started  # generate returns its frames on the CPU: the device has finished
         units = len(emulation.graphs) if emulation is not None else len(getattr(prefetch, "GRAPH_MODULES", ()))
         MUSIC3_GENERATE.append({"seconds": seconds, "frames": int(frames.shape[0]), "graph_units": units,
+                                "unmarked_units": sum(getattr(root, "_v_block", None) is None for root in roots),
                                 "graphs": not args.disable_cuda_graphs})
         return frames
 

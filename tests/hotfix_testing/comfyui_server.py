@@ -28,7 +28,6 @@ from minimax_hotfix.registry import DISABLE_ENV
 STALLED_S = 300
 WORKER_DIED = " (prompt_worker):"  # the line "Exception in thread Thread-N (prompt_worker):"
 PACK_ROOT = Path(__file__).resolve().parents[2]
-SPECS_FILE = PACK_ROOT / "tests" / "workflow_node_specs.json"
 SIMULATED_DEVICE = PACK_ROOT / "tests" / "simulated_device"
 # pinned memory would call torch.cuda.cudart(); fp32 everywhere so that the run compares with a --cpu run
 SIMULATED_DEVICE_OPTIONS = ("--disable-pinned-memory", "--force-fp32", "--fp32-vae")
@@ -105,26 +104,9 @@ class CudaDevice:
         return {**os.environ, "NVIDIA_TF32_OVERRIDE": "0", PINNED_FREE_MEMORY_ENV: "1"}
 
 
-STAND_INS = {"CLIPLoaderGGUF"}  # nodes of packs the test ComfyUI lacks, defined by the test for validation
-STAND_IN_SOURCE = '''"""Stand-in for ComfyUI-GGUF's CLIPLoaderGGUF (the pack's test suite): same inputs, validation only."""
-import folder_paths
-
-
-class CLIPLoaderGGUF:
-    RETURN_TYPES = ("CLIP",)
-    FUNCTION = "load_clip"
-    CATEGORY = "stand-in"
-
-    @classmethod
-    def INPUT_TYPES(cls):
-        return {"required": {"clip_name": (folder_paths.get_filename_list("text_encoders"),), "type": (%r,)}}
-
-    def load_clip(self, clip_name, type):
-        raise RuntimeError("stand-in for ComfyUI-GGUF: validation only")
-
-
-NODE_CLASS_MAPPINGS = {"CLIPLoaderGGUF": CLIPLoaderGGUF}
-'''
+# nodes of packs the test ComfyUI lacks, defined by the tests (tests/comfyui_gguf_stand_in: ComfyUI-GGUF's loaders)
+STAND_INS = {"CLIPLoaderGGUF", "CLIPLoaderGGUFDynamicVRAM"}
+GGUF_STAND_IN = Path(__file__).resolve().parents[1] / "comfyui_gguf_stand_in"
 
 
 # The frontends the browser tests run on: the one ComfyUI's requirements pin (0.33.0: 1.49.6), and the newest release,
@@ -220,11 +202,7 @@ def install_custom_nodes(comfyui: Path, custom_nodes: Path, *extra: Path, pack: 
     """``custom_nodes``: this pack (unless ``pack`` is false), the checkout's own custom nodes, the stand-ins and
     ``extra`` node folders."""
     custom_nodes.mkdir()
-    stand_in = custom_nodes / "comfyui_gguf_stand_in"
-    stand_in.mkdir()
-    specs = json.loads(SPECS_FILE.read_text(encoding="utf-8"))["nodes"]
-    (stand_in / "__init__.py").write_text(
-        STAND_IN_SOURCE % (specs["CLIPLoaderGGUF"]["input"]["required"]["type"][0],), encoding="utf-8")
+    (custom_nodes / GGUF_STAND_IN.name).symlink_to(GGUF_STAND_IN, target_is_directory=True)
     if pack:
         (custom_nodes / "minimax-hotfix").symlink_to(PACK_ROOT, target_is_directory=True)
     for entry in (*(Path(comfyui) / "custom_nodes").iterdir(), *extra):

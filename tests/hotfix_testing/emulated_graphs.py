@@ -4,9 +4,9 @@ reference (so ``Llama2_`` builds ``FixedKV`` caches and takes its graphed-decode
 ``_v_block``) and the same warm-up / capture / replay sequence, whose replay re-runs the capture step's ``core`` with
 its variables frozen, i.e. reads the tensors (addresses) bound at capture, as a CUDA graph does.
 
-Used in-process by the tests (hotfix_testing/music3_support.py adds the emulated capture rules) and inside a
-ComfyUI server by the test probe (tests/comfyui_probe), which a server without the pack loads too: nothing here
-imports the pack."""
+Used in-process by the tests and inside a ComfyUI server by the test probe (tests/comfyui_probe), which a server
+without the pack loads too: nothing here imports the pack. Both pass the pack's emulated capture rules
+(``diagnostics/emulated_capture.py``) as ``capture_rules``."""
 
 import contextlib
 import types
@@ -61,15 +61,6 @@ class EmulatedPrefetch:
         """What ComfyUI's ``cleanup_prefetch_queues`` does after each node: every graph and warm-up dropped."""
         self.graphs.clear()
         self.warmed.clear()
-
-
-def mark_units(model) -> None:
-    """Gives each dynamic-VRAM unit that ``model`` names (``get_dynamic_vram__units``) the ``_v_block`` mark that
-    ``ModelPatcherDynamic.load`` gives its first root on a CUDA machine. In a simulated-device server ComfyUI loads
-    the Music 3 text encoder whole and marks none, so the probe marks them all before each loop, after the pack's
-    capture policy has looked at the marks: that policy runs in-process (tests/test_music3_graphs_comfyui.py)."""
-    for unit in (unit for group in model.get_dynamic_vram__units() for unit in group):
-        (unit[0] if isinstance(unit, (list, tuple)) else unit)._v_block = ("vbar block",)
 
 
 @contextlib.contextmanager

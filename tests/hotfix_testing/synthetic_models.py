@@ -30,13 +30,16 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 SEED = 20260901
 # keyword arguments ComfyUI leaves at their defaults; the latent channels and the temporal and spatial ratios stay real
 TINY_CONFIGS = {
+    # MLPs wide enough (32 KiB a matrix in bfloat16, 18 KiB in Q4_0) that ComfyUI's dynamic VRAM load streams them
+    # through the vbar rather than force-loading them (it force-loads modules of 16 KiB or less), so that it marks
+    # each Llama layer as a CUDA-graph unit (``_v_block``), as it marks the real model's
     "comfy.text_encoders.minimax_music.MODEL_CONFIG": {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "hidden_size": 32, "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "decoder_num_heads": 2, "decoder_intermediate_size": 64, "decoder_num_layers": 1},
     "comfy.ldm.minimax.vae.MiniMaxH3VideoVAE": {"ch": 32, "ch_mult": (1, 1, 1, 1, 1, 1), "num_res_blocks": 1},
     "comfy.ldm.minimax.vae.ViT3DDecoder": {"num_layers": 1, "heads": 2, "dim_head": 32},
@@ -51,6 +54,10 @@ TINY_CONFIGS = {
 }
 MUSIC3_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_int8_convrot.safetensors"
 MUSIC3_DAV_FILE = "minimax_music3_dav.safetensors"
+# the GGUF Music 3 text encoder of seed 002 (the bundled GGUF workflow's name): the same weights, layer MUSIC3_Q4_0_LAYER
+# quantized to Q4_0 (ComfyUI-GGUF dequantizes it on every call), the others bfloat16, the norms float32
+MUSIC3_GGUF_TEXT_ENCODER_FILE = "minimax_music3_text_encoder_pruned_Q4_0.gguf"
+MUSIC3_Q4_0_LAYER = 1
 H3_VIDEO_VAE_FILE = "minimax_h3_video_vae_int8_convrot.safetensors"
 H3_AUDIO_VAE_FILE = "minimax_h3_audio_vae_fp32.safetensors"
 H3_TEXT_ENCODER_FILE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # the workflows' name; written in bfloat16
@@ -260,6 +267,28 @@ def h3_audio_vae(generator: torch.Generator) -> dict:
     return {**state, **{key: value for key, value in model.state_dict().items() if key.endswith(".filter")}}
 
 
+def music3_gguf_text_encoder(models_dir: Path, state: dict) -> Path:
+    """The Music 3 text encoder ``state`` as a GGUF file (MUSIC3_GGUF_TEXT_ENCODER_FILE), its tokenizer as int8."""
+    import gguf
+
+    from hotfix_testing.ggml_layout import write_gguf
+
+    types = gguf.GGMLQuantizationType
+
+    def ggml_type(name: str, tensor: torch.Tensor):
+        if not tensor.is_floating_point():
+            return types.I8
+        if tensor.ndim == 1:
+            return types.F32
+        return types.Q4_0 if name.startswith(f"model.layers.{MUSIC3_Q4_0_LAYER}.") else types.BF16
+
+    path = models_dir / "text_encoders" / MUSIC3_GGUF_TEXT_ENCODER_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_gguf(path, {name: (tensor.view(torch.int8) if tensor.dtype == torch.uint8 else tensor, ggml_type(name, tensor))
+                      for name, tensor in state.items()})
+    return path
+
+
 def save_model(models_dir: Path, folder: str, name: str, state: dict) -> Path:
     path = models_dir / folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,7 +304,10 @@ def write_models(models_dir: Path) -> dict[str, Path]:
              ("text_encoders", H3_TEXT_ENCODER_FILE): h3_text_encoder,
              ("vae", H3_VIDEO_VAE_FILE): h3_video_vae, ("vae", H3_AUDIO_VAE_FILE): h3_audio_vae,
              **{("diffusion_models", name): h3_dit for name in H3_DIT_FILES}}
-    return {name: save_model(models_dir, folder, name, build(generator)) for (folder, name), build in files.items()}
+    paths = {name: save_model(models_dir, folder, name, build(generator)) for (folder, name), build in files.items()}
+    paths[MUSIC3_GGUF_TEXT_ENCODER_FILE] = music3_gguf_text_encoder(
+        models_dir, load_file(paths[MUSIC3_TEXT_ENCODER_FILE]))
+    return paths
 
 
 def write_int8_models(int8_dir: Path, dense_dir: Path) -> None:

@@ -1,5 +1,5 @@
 """Workflows as users have them before the swap, built from the bundled ones: MiniMax Music 3 with ComfyUI-GGUF's
-``CLIPLoaderGGUF`` wired straight to the text encoder, and Music 3 loaded from one ``CheckpointLoaderSimple``."""
+``CLIPLoaderGGUFDynamicVRAM`` wired straight to the text encoder, and Music 3 loaded from one ``CheckpointLoaderSimple``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _link(workflow: dict, link_id: int) -> list:
 def music3_gguf() -> dict:
     """Music 3 with the GGUF text encoder feeding MiniMaxMusic3TextEncode directly, as before the pack."""
     workflow = _stock("MiniMax Music 3 with a GGUF text encoder.json")
-    gguf, apply = _by_type(workflow, "CLIPLoaderGGUF"), _by_type(workflow, "MiniMaxHotfixApplyCLIP")
+    gguf, apply = _by_type(workflow, "CLIPLoaderGGUFDynamicVRAM"), _by_type(workflow, "MiniMaxHotfixApplyCLIP")
     (into_apply,), (out_of_apply,) = gguf["outputs"][0]["links"], apply["outputs"][0]["links"]
     _link(workflow, out_of_apply)[1:3] = [gguf["id"], 0]
     gguf["outputs"][0]["links"] = [out_of_apply]
