@@ -553,6 +553,24 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
     return rows, failed
 
 
+def music3_graphs_run(running, workflow: dict, tag: str, graphs: bool, make_prompt, probes) -> dict:
+    """One Music 3 prompt on ``running`` (url, object_info, base) with graphs on or off: ``result``
+    (``seed_scenarios.run``'s) and ``loops`` (the probe's AR loops). A server that died under it (on CUDA a failed
+    capture can abort the process) gives the run the error "the server died", with the capture error where its log
+    holds it."""
+    from hotfix_testing import seed_scenarios
+    from hotfix_testing.comfyui_server import http
+
+    http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
+    try:
+        result = seed_scenarios.run(running, workflow, tag, make_prompt=make_prompt, probes=probes)
+        return {"result": result, "loops": json.loads(http(running[0] + "/probe/music3_generate")[1])}
+    except OSError:  # the server is gone
+        log = (running[2] / "comfyui.log").read_text()
+        return {"result": {"error": "the server died" + (f": {CAPTURE_ERROR}" if CAPTURE_ERROR in log else ""),
+                           "tensors": {}, "fix_lines": []}, "loops": []}
+
+
 def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -> tuple[dict[str, tuple],
                                                                                      tuple[str, ...]]:
     """The Music 3 workflow, ``seconds`` long, through ComfyUI's AR loop on each core of MUSIC3_GRAPH_CORES, and the
@@ -562,7 +580,7 @@ def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -
     the GPU's alone). The GGUF prompts come last on their server, graphs on last of all: on CUDA, stock's failed
     capture can take the server down, as it did the users' (then the log's capture error is the run's error)."""
     from hotfix_testing import seed_scenarios, simulated_cores
-    from hotfix_testing.comfyui_server import CudaDevice, http
+    from hotfix_testing.comfyui_server import CudaDevice
     from hotfix_testing.user_workflows import music3_gguf
     from hotfix_testing.workflow_api import load
     from hotfix_testing.workflow_prompts import node_id
@@ -571,16 +589,6 @@ def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -
         prompt = scenario.make_prompt(workflow, object_info, tag)
         prompt[node_id(prompt, "MiniMaxMusic3TextEncode")]["inputs"]["max_duration"] = seconds
         return prompt
-
-    def graphs_run(running, workflow: dict, tag: str, graphs: bool) -> dict:
-        http(running[0] + "/probe/load_args", {"disable_cuda_graphs": not graphs})
-        try:
-            result = seed_scenarios.run(running, workflow, tag, make_prompt=music3_prompt, probes=scenario.probes)
-            return {"result": result, "loops": json.loads(http(running[0] + "/probe/music3_generate")[1])}
-        except OSError:  # the server is gone
-            log = (running[2] / "comfyui.log").read_text()
-            return {"result": {"error": "the server died" + (f": {CAPTURE_ERROR}" if CAPTURE_ERROR in log else ""),
-                               "tensors": {}, "fix_lines": []}, "loops": []}
 
     models = synthetic_models_in(work)
     scenario = seed_scenarios.named("seed 002 Music 3, dynamic VRAM")
@@ -600,7 +608,8 @@ def music3_graph_runs(args, work: Path, seconds: float = MUSIC3_GRAPH_SECONDS) -
                     prompts += [(gguf_runs, gguf_workflows[pack], graphs) for graphs in (False, True)]
                 for into, workflow, graphs in prompts:
                     tag = f"music3_{index}_{'gguf_' * (into is gguf_runs)}{pack:d}{graphs:d}"
-                    into[pack, graphs] = run = graphs_run(running, workflow, tag, graphs)
+                    into[pack, graphs] = run = music3_graphs_run(running, workflow, tag, graphs, music3_prompt,
+                                                                 scenario.probes)
                     print(f"Music 3 graphs | {core_name}{', GGUF' * (into is gguf_runs)} | "
                           f"{'pack' if pack else 'stock'} | graphs {'on' if graphs else 'off'} | "
                           f"{run['result']['error'] or 'completed'} | {run['loops']}", flush=True)

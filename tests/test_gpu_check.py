@@ -303,6 +303,36 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     assert gpu_check.judge_music3_graphs(gguf, state, every_unit_captured, compared)[1] == 1
 
 
+def test_a_server_killed_by_its_failed_capture_is_the_runs_error(gpu_check, monkeypatch, tmp_path):
+    """On CUDA a failed capture can abort the server, as it did the users' (seed 002a): the run then reads "the server
+    died" with the capture error from the log, the red control's verdict holds, and the other runs still report.
+    Red control: a run that raises OSError (the server gone) without that handling ends the whole part."""
+    import urllib.error
+
+    from hotfix_testing import comfyui_server
+
+    (tmp_path / "comfyui.log").write_text(f"RuntimeError: {gpu_check.CAPTURE_ERROR} unless the CPU tensor is pinned.\n"
+                                          "Fatal Python error: Aborted\n")
+    monkeypatch.setattr(comfyui_server, "http", lambda url, body=None: (200, b"{}"))
+
+    def died(*args, **kwargs):
+        raise urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+
+    monkeypatch.setattr(seed_scenarios, "run", died)
+    run = gpu_check.music3_graphs_run(("http://127.0.0.1:1", {}, tmp_path), {}, "gguf_01", True, None, ())
+    assert run == {"result": {"error": f"the server died: {gpu_check.CAPTURE_ERROR}", "tensors": {}, "fix_lines": []},
+                   "loops": []}
+    completed = {"result": {"error": None, "tensors": {}, "fix_lines": []},
+                 "loops": [{"seconds": 1.0, "frames": 5, "graph_units": 0, "unmarked_units": 0}]}
+    rows, failed = gpu_check.judge_music3_graphs(gpu_check.MUSIC3_GGUF_RUNS, "fixed upstream", {
+        (False, False): completed, (False, True): run}, ())
+    assert failed == 0 and rows[1]["verdict"] == "red control: capture error, as users met it", rows
+    (tmp_path / "comfyui.log").write_text("Fatal Python error: Segmentation fault\n")  # died of something else
+    other = gpu_check.music3_graphs_run(("http://127.0.0.1:1", {}, tmp_path), {}, "gguf_01", True, None, ())
+    assert gpu_check.judge_music3_graphs(gpu_check.MUSIC3_GGUF_RUNS, "fixed upstream", {
+        (False, False): completed, (False, True): other}, ())[1] == 1
+
+
 def test_the_report_is_written_after_each_part(gpu_check, monkeypatch, tmp_path):
     """A run cut off in its second part leaves the first part's report, whole."""
     out = tmp_path / "report.json"
