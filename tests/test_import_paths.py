@@ -34,6 +34,9 @@ ALLOWED = {
                                                      "from its checkout as its main.py is"),
     "tests/comfyui_probe/__init__.py": (1, "a custom node inside the test's ComfyUI server, whose path holds "
                                            "ComfyUI, not the tests: the synthetic models' helper from its file"),
+    "tests/comfyui_gguf_stand_in/__init__.py": (1, "a custom node inside the test's ComfyUI server, whose path holds "
+                                                   "ComfyUI, not the tests: the GGUF helpers from their folder, as "
+                                                   "a package of their own"),
     "tests/test_pack_import.py": (1, "the subject: the entry point loaded by path under a synthetic name, as "
                                      "ComfyUI loads a custom node"),
     "tests/hotfix_testing/mutant_runs.py": (1, "a mutant's edited ComfyUI module executed from its file under the "
