@@ -862,14 +862,14 @@ def _chosen_node(doc: dict, only: dict):
     raise WorkflowError(f"no node {only.get('node')} in graph {only.get('graph') or 'top level'}")
 
 
-def swap_api(prompt: dict, loader_outputs: Callable[[str], list | None] = API_LOADER_OUTPUTS.get) -> Changes:
+def swap_api(prompt: dict, loader_outputs: Callable[[str], list | None] | None = None) -> Changes:
     """The swap of an API-format ``prompt`` that ``validate`` accepted, in one pass over its nodes: ``prompt``'s
     entries are replaced by changed copies, the nodes themselves never written to, so the server's on-prompt handler
     swaps a shallow copy and leaves the client's prompt as it came (registry/prompt_fixing.py). Checks the nodes'
     shape first (WorkflowError before anything changes); not their depth, which only ``swap``'s callers that copy or
     render the whole document need (``validate``). ``loader_outputs``: a node type's output types where it makes a
     new MODEL, CLIP or VAE (an output of another type, or one it passes on, as None), else None; a server knows
-    every node type it has (nodes/prompt_fixing.py), a file alone only ``API_LOADER_OUTPUTS``."""
+    every node type it has (nodes/prompt_fixing.py), a file alone only ``API_LOADER_OUTPUTS`` (None: that table)."""
     if workflow_format(prompt) != "api":
         raise WorkflowError("expected an API-format workflow (an object of nodes, each with a \"class_type\")")
     _check_api(prompt, reverse=False)
@@ -878,7 +878,7 @@ def swap_api(prompt: dict, loader_outputs: Callable[[str], list | None] = API_LO
         if node["class_type"] in STOCK_TO_PACK:
             prompt[key] = {**node, "class_type": STOCK_TO_PACK[node["class_type"]]}
             changes.swapped.append(prompt[key])
-    changes.inserted, changes.warnings = _insert_api_apply_nodes(prompt, loader_outputs)
+    changes.inserted, changes.warnings = _insert_api_apply_nodes(prompt, loader_outputs or API_LOADER_OUTPUTS.get)
     return changes
 
 

@@ -78,6 +78,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "tests")]  # run by path: the pack (tools/minimax_hotfix) and the tests' helpers (hotfix_testing), as pytest's pythonpath
+from minimax_hotfix.diagnostics.emulated_capture import CAPTURE_HOST_COPY_ERROR  # noqa: E402
+
 CANNOT_RUN = 2
 MB = 2**20
 INFERENCE_MB = 0.8 * 1024  # minimum_inference_memory() less the reserve: ComfyUI's fixed part
@@ -102,7 +104,6 @@ MUSIC3_GRAPH_CORES = ("post-#15861 Music 3", "fixed Music 3")
 MUSIC3_GGUF_CORE = "fixed Music 3"
 MUSIC3_GGUF_RUNS = f"{MUSIC3_GGUF_CORE}, GGUF Q4_0 text encoder"
 MUSIC3_GGUF_WORKFLOW = ROOT / "workflows" / "MiniMax Music 3 with a GGUF text encoder.json"
-CAPTURE_ERROR = "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
 # 250 AR frames (25 a second): enough that the per-frame time is the steady state's, not the first frames' captures
 MUSIC3_GRAPH_SECONDS = 10.0
 PARTIAL_BUDGETS = ("partial", "smallest")
@@ -536,7 +537,7 @@ def judge_music3_graphs(core: str, state: str | None, runs: dict, compared) -> t
                 "music3_graph_buffers attached" in line for line in result["fix_lines"]))
             verdict = "pass" if not problems else "FAIL: " + "; ".join(problems)
         elif graphs and gguf:
-            problems = [] if CAPTURE_ERROR in (result["error"] or "") else [
+            problems = [] if CAPTURE_HOST_COPY_ERROR in (result["error"] or "") else [
                 f"the capture error did not reproduce: {result['error'] or 'completed'}"]
             verdict = "red control: capture error, as users met it" if not problems else "FAIL: " + "; ".join(problems)
         elif graphs and state == "needed":
@@ -566,8 +567,8 @@ def music3_graphs_run(running, workflow: dict, tag: str, graphs: bool, make_prom
         result = seed_scenarios.run(running, workflow, tag, make_prompt=make_prompt, probes=probes)
         return {"result": result, "loops": json.loads(http(running[0] + "/probe/music3_generate")[1])}
     except OSError:  # the server is gone
-        log = (running[2] / "comfyui.log").read_text()
-        return {"result": {"error": "the server died" + (f": {CAPTURE_ERROR}" if CAPTURE_ERROR in log else ""),
+        capture_error = CAPTURE_HOST_COPY_ERROR in (running[2] / "comfyui.log").read_text()
+        return {"result": {"error": "the server died" + f": {CAPTURE_HOST_COPY_ERROR}" * capture_error,
                            "tensors": {}, "fix_lines": []}, "loops": []}
 
 

@@ -67,7 +67,7 @@ class PromptFixing:
             self._switched_on += 1
         try:
             prompt = dict(body["prompt"])  # swap_api replaces changed nodes with copies: the client's stay intact
-            changes = swap_loaders.swap_api(prompt, loader_outputs or swap_loaders.API_LOADER_OUTPUTS.get)
+            changes = swap_loaders.swap_api(prompt, loader_outputs)
         except swap_loaders.WorkflowError as exc:
             log.info("MiniMax Hotfix: prompt left as it is (server-side fixing cannot read it: %s)", exc)
             return body

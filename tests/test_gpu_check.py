@@ -279,7 +279,7 @@ def test_its_music3_graph_part_shows_the_stale_replay_and_the_fix_through_comfyu
     assert max(rows[stale, "stock", "on"]["vs_stock_graphs_off"].values()) > 1.0, rows[stale, "stock", "on"]
     assert rows[fixed, "pack", "on"]["buffers_fix"] == "fixed upstream"
     assert rows[gguf, "stock", "on"]["verdict"] == "red control: capture error, as users met it"
-    assert gpu_check.CAPTURE_ERROR in rows[gguf, "stock", "on"]["error"]
+    assert gpu_check.CAPTURE_HOST_COPY_ERROR in rows[gguf, "stock", "on"]["error"]
     # the load marks all 3 units (2 Llama layers, the depth decoder); the policy keeps the Q4_0 layer's from capture
     assert [rows[core, "pack", "on"]["graph_units"] for core in (fixed, gguf)] == [3, 2]
     assert [rows[gguf, loaders, "on"]["uncaptured_units"] for loaders in ("stock", "pack")] == [0, 1]
@@ -311,7 +311,7 @@ def test_a_server_killed_by_its_failed_capture_is_the_runs_error(gpu_check, monk
 
     from hotfix_testing import comfyui_server
 
-    (tmp_path / "comfyui.log").write_text(f"RuntimeError: {gpu_check.CAPTURE_ERROR} unless the CPU tensor is pinned.\n"
+    (tmp_path / "comfyui.log").write_text(f"RuntimeError: {gpu_check.CAPTURE_HOST_COPY_ERROR}\n"
                                           "Fatal Python error: Aborted\n")
     monkeypatch.setattr(comfyui_server, "http", lambda url, body=None: (200, b"{}"))
 
@@ -320,8 +320,8 @@ def test_a_server_killed_by_its_failed_capture_is_the_runs_error(gpu_check, monk
 
     monkeypatch.setattr(seed_scenarios, "run", died)
     run = gpu_check.music3_graphs_run(("http://127.0.0.1:1", {}, tmp_path), {}, "gguf_01", True, None, ())
-    assert run == {"result": {"error": f"the server died: {gpu_check.CAPTURE_ERROR}", "tensors": {}, "fix_lines": []},
-                   "loops": []}
+    assert run == {"result": {"error": f"the server died: {gpu_check.CAPTURE_HOST_COPY_ERROR}", "tensors": {},
+                              "fix_lines": []}, "loops": []}
     completed = {"result": {"error": None, "tensors": {}, "fix_lines": []},
                  "loops": [{"seconds": 1.0, "frames": 5, "graph_units": 0, "unmarked_units": 0}]}
     rows, failed = gpu_check.judge_music3_graphs(gpu_check.MUSIC3_GGUF_RUNS, "fixed upstream", {
