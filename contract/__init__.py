@@ -114,14 +114,20 @@ class Fix:
         """Undo ``attach``. The default covers fixes that attach only injections; others override it."""
         set_injection(patcher, key, None)
 
-    def loaded_by_pack(self, patcher) -> None:
-        """The pack's own loader has just loaded ``patcher``'s model, before ``attach``: a fix may set on the patcher
-        what the stock loader leaves to ComfyUI's defaults (a compute dtype that is safe now). Per-model fixes only."""
+    def on_own_patcher(self, patcher) -> None:
+        """``patcher`` is the pack's own, before ``attach``: its loader's, or the clone an Apply node made (never the
+        patcher another node loaded and caches). A fix may set on it what the stock loader leaves to ComfyUI's
+        defaults (a compute dtype that is safe now). Per-model fixes only."""
 
     def machine_note(self) -> str | None:
         """One line about this machine for the start-up log, where what the fix repairs depends on the machine and
         not only on the core (None: nothing to say)."""
         return None
+
+    def machine_lines(self) -> list[str]:
+        """What the fix does on this machine now, for the Status node and the doctor (the start-up line's facts,
+        and what it did in the last run); empty: nothing to say."""
+        return []
 
     def install(self) -> None:
         """Process-wide fixes only: install idempotently."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..contract import Check, Fix, package_version
 from ..registry import all_fixes, attachment, status
 from ..registry.prompt_fixing import PROMPT_FIXING
-from ..registry.status_table import retirement_rows, status_rows, status_table, text_table
+from ..registry.status_table import machine_rows, retirement_rows, status_rows, status_table, text_table
 from . import self_test
 from .progress import progress
 
@@ -130,6 +130,7 @@ def doctor_report(fixes: list[Fix] | None = None, show_progress: bool = False) -
         "fixes": [{"id": fix_id, "state": state, "reason": reason, "attached": attached.get(fix_id),
                    **retirement.get(fix_id, {"fixed_by": None, "delete_when": None})}
                   for fix_id, state, reason in status_rows(fixes)],
+        "machine": [{"fix": fix_id, "line": line} for fix_id, line in machine_rows(fixes)],
         "self_tests": [
             {"fix": test.fix, "error": test.error, "not_run": test.not_run,
              "steps": [{"name": step.name, "kind": step_kind(step), "passed": step.passed, "detail": step.detail}

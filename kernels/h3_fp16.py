@@ -156,17 +156,75 @@ def helpers_of(block):
     return inspect.getmodule(type(block))
 
 
-def _entry_point(stock, context_position: int, context_name: str, switched_off):
+def all_finite(outputs) -> torch.Tensor:
+    """Whether every floating-point tensor in ``outputs`` (a tensor, or a list or tuple of them) is finite, as one
+    flag on their device: nothing is read back here."""
+    flags = [torch.isfinite(tensor).all() for tensor in _tensors(outputs) if tensor.is_floating_point()]
+    return torch.stack([flag.to(flags[0].device) for flag in flags]).all() if flags else torch.tensor(True)
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def _in_dtype(value, dtype: torch.dtype, only: torch.dtype | None = None):
+    """``value`` (a tensor, or a list or tuple of them) with its floating-point tensors (those in ``only``, where
+    given) in ``dtype``; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        wanted = value.is_floating_point() and (only is None or value.dtype == only)
+        return value.to(dtype) if wanted else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_in_dtype(item, dtype, only) for item in value)
+    return value
+
+
+def _like(value, reference):
+    """``value``'s tensors in the dtypes of ``reference``'s, position by position (what the fp16 call returned)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(reference.dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_like(item, like) for item, like in zip(value, reference, strict=True))
+    return value
+
+
+def _entry_point(stock, name: str, context_position: int, context_name: str, switched_off, net,
+                 keep_output_dtypes: bool = False):
     """``stock`` (the DiT's ``_forward`` or ``preprocess_text_embeds``), marking the call as fp32-stream when the
-    text states it gets are fp16."""
+    text states it gets are fp16.
+
+    The safety net (where ``net`` is given): ``net.checked()`` counts the marked call, whose outputs are checked for
+    finiteness once, on the device, and read back once. Where an activation left fp16's range even rescaled, the inf reaches both outputs
+    (through the attention and the final norm; a text row that overflows after the last attention reaches neither,
+    and then nothing is wrong), so the outputs' flag trips exactly when the call's result is unusable. Then
+    ``net.tripped(name, args)`` reports it and the call runs again with its fp16 inputs in fp32 and nothing marked: the
+    model's own code in fp32 (ComfyUI's ops cast each weight to the input's dtype). Its outputs stay fp32, as an fp32
+    call returns them (ComfyUI's model takes the DiT's output to fp32 anyway), or, with ``keep_output_dtypes``, go to
+    the fp16 call's dtypes (``preprocess_text_embeds``: its output is the context of fp16 calls to come)."""
     def call(*args, **kwargs):
         context = args[context_position] if len(args) > context_position else kwargs.get(context_name)
-        compute = fp32_stream_compute()
+        outer = fp32_stream_compute()
+        compute = outer
         if compute is None and isinstance(context, torch.Tensor) and context.dtype == torch.float16 \
                 and not switched_off():
             compute = torch.float16
         with fp32_stream_call(compute):
-            return stock(*args, **kwargs)
+            out = stock(*args, **kwargs)
+        if compute is None or outer is not None or net is None:
+            return out
+        net.checked()
+        if bool(all_finite(out)):
+            return out
+        net.tripped(name, args)
+        args = tuple(_in_dtype(arg, torch.float32, only=torch.float16) for arg in args)
+        kwargs = {name: _in_dtype(value, torch.float32, only=torch.float16) if name == context_name else value
+                  for name, value in kwargs.items()}
+        with fp32_stream_call(None):
+            again = stock(*args, **kwargs)
+        return _like(again, out) if keep_output_dtypes else again
     return call
 
 
@@ -200,18 +258,20 @@ def _fp32_when_streaming(module, stock, fp32):
     return forward
 
 
-def fp32_stream_forwards(dit, switched_off) -> list[tuple]:
+def fp32_stream_forwards(dit, switched_off, net=None) -> list[tuple]:
     """The instance attributes that give one H3 DiT its fp32 stream in fp16 calls (none while ``switched_off()``),
-    as ``(object, attribute, value)``: each value wraps the attribute the object has now."""
+    as ``(object, attribute, value)``: each value wraps the attribute the object has now. ``net``: the safety net's
+    record (``checked()``, ``tripped(name, args)``; ``_entry_point``); None: no net."""
     norm = dit.final_layer.norm
-    forwards = [(dit, "_forward", _entry_point(dit._forward, 2, "context", switched_off)),
+    forwards = [(dit, "_forward", _entry_point(dit._forward, "_forward", 2, "context", switched_off, net)),
                 (dit.condition_proj, "forward",
                  _fp32_when_streaming(dit.condition_proj, dit.condition_proj.forward, linear_fp32)),
                 (dit.token_refiner, "forward", _refiner_forward(dit.token_refiner, dit.token_refiner.forward)),
                 (norm, "forward", _fp32_when_streaming(norm, norm.forward, norm_fp32))]
     if hasattr(dit, "preprocess_text_embeds"):
         forwards.append((dit, "preprocess_text_embeds",
-                         _entry_point(dit.preprocess_text_embeds, 0, "text_states", switched_off)))
+                         _entry_point(dit.preprocess_text_embeds, "preprocess_text_embeds", 0, "text_states", switched_off, net,
+                                      keep_output_dtypes=True)))
     return forwards + [(block, "forward", _block_forward(block, block.forward)) for block in dit.blocks]
 
 
@@ -238,9 +298,11 @@ CONDITION_PROJ_PEAK = 96_000.0
 SINK_AFTER_FIRST_BLOCK = 100_000.0
 SINK_GROWTH_PER_BLOCK = 3.0
 MASSIVE_ACTIVATION = 300.0  # the Qwen3-VL state's massive channel on the first text token
+FC2_WEIGHT_LIMIT = 2e4  # the tiny H3's largest fc2 weight, well inside fp16's range
 
 
-def tiny_h3_state(model: torch.nn.Module, overflow: bool, seed: int = 0) -> dict:
+def tiny_h3_state(model: torch.nn.Module, overflow: bool, seed: int = 0,
+                  sink_growth: float = SINK_GROWTH_PER_BLOCK) -> dict:
     """A state dict for ``model`` (a tiny ComfyUI ``MiniMaxH3Model``, any number of blocks): random small weights,
     plus, with ``overflow``, the structure that makes the real model leave fp16's range.
 
@@ -248,9 +310,10 @@ def tiny_h3_state(model: torch.nn.Module, overflow: bool, seed: int = 0) -> dict
     does; ``condition_proj`` maps it to about ``CONDITION_PROJ_PEAK``. After the token refiner's final norm that
     row is almost all channel 0, the attention sink: each block's MLP (fc1 unit 0 reading channel 0, fc2 writing it
     back) adds to it an fc2 output that starts at ``SINK_AFTER_FIRST_BLOCK`` and grows ``SINK_GROWTH_PER_BLOCK``
-    times per block, so the sink grows tens of times through the stack; the second block's attention writes a value
-    past fp16's range through ``out_proj``. Every weight stays inside fp16's range: the magnitudes come from
-    products, as in the real model."""
+    times per block (``sink_growth``: a faster growth takes the last fc2 past the branch rescale's envelope), so the
+    sink grows tens of times through the stack; the second block's attention writes a value past fp16's range
+    through ``out_proj``. Every weight stays inside fp16's range: the magnitudes come from products, as in the real
+    model (for a fast growth fc1's gain rises, so that fc2's weight need not)."""
     generator = torch.Generator().manual_seed(seed)
     hidden = model.hidden_size
     state = {}
@@ -277,16 +340,18 @@ def tiny_h3_state(model: torch.nn.Module, overflow: bool, seed: int = 0) -> dict
         state["condition_proj.weight"][0, 0] = CONDITION_PROJ_PEAK / MASSIVE_ACTIVATION
         ffn = state["blocks.0.mlp.fc2.weight"].shape[1]
         sink_norm = math.sqrt(hidden)  # a row that is all channel 0, RMS-normalized
+        fc2_peak = SINK_AFTER_FIRST_BLOCK * sink_growth ** (len(model.blocks) - 1)
+        gain = max(2.0, math.sqrt(fc2_peak / FC2_WEIGHT_LIMIT) / sink_norm)
         for index in range(len(model.blocks)):
             prefix = f"blocks.{index}."
             fc1 = state[prefix + "mlp.fc1.weight"]
             fc1[0].zero_()
-            fc1[0, 0] = 2.0
+            fc1[0, 0] = gain
             fc1[ffn].zero_()
-            fc1[ffn, 0] = 2.0
-            swiglu = (2.0 * sink_norm) ** 2  # silu(g) * u with g = u = 2 * sink_norm
+            fc1[ffn, 0] = gain
+            swiglu = (gain * sink_norm) ** 2  # about silu(g) * u with g = u = gain * sink_norm
             state[prefix + "mlp.fc2.weight"][:, 0].zero_()
-            state[prefix + "mlp.fc2.weight"][0, 0] = SINK_AFTER_FIRST_BLOCK * SINK_GROWTH_PER_BLOCK ** index / swiglu
+            state[prefix + "mlp.fc2.weight"][0, 0] = SINK_AFTER_FIRST_BLOCK * sink_growth ** index / swiglu
         qkv = state["blocks.1.attn.qkv_proj.weight"]
         inner = qkv.shape[0] // 3
         qkv[2 * inner].zero_()
@@ -314,7 +379,8 @@ def eager_ops(ops) -> type:
     return type(f"eager_{ops.__name__}", (ops,), layers)
 
 
-def tiny_h3_model(model_class, ops, dtype: torch.dtype, overflow: bool, config: dict | None = None):
+def tiny_h3_model(model_class, ops, dtype: torch.dtype, overflow: bool, config: dict | None = None,
+                  sink_growth: float = SINK_GROWTH_PER_BLOCK):
     """A tiny ``model_class`` (ComfyUI's ``MiniMaxH3Model``) on the CPU with ``ops``, its weights in ``dtype``
     from ``tiny_h3_state`` (the global random state is left alone). The weights go in through ``load_state_dict``,
     as ComfyUI loads a model, each in the dtype the model declares for it (under dynamic VRAM ComfyUI's layers take a
@@ -322,7 +388,7 @@ def tiny_h3_model(model_class, ops, dtype: torch.dtype, overflow: bool, config: 
     config = {**TINY_H3, **(config or {})}
     with torch.device("meta"):
         declared = model_class(**config, dtype=dtype, operations=eager_ops(ops))
-    state = tiny_h3_state(declared, overflow)
+    state = tiny_h3_state(declared, overflow, sink_growth=sink_growth)
     dtypes = {name: tensor.dtype for name, tensor in declared.state_dict().items()}
     model = model_class(**config, dtype=dtype, device="cpu", operations=ops)
     model.load_state_dict({name: value.to(dtypes[name]) for name, value in state.items()})

@@ -21,7 +21,7 @@ def _patcher(target: Target, obj):
 
 
 def _loaded_with_fixes(target: Target, loaded: tuple) -> tuple:
-    registry.attach_fixes(_patcher(target, loaded[0]), target, loaded_by_pack=True)
+    registry.attach_fixes(_patcher(target, loaded[0]), target, own_patcher=True)
     return loaded
 
 
@@ -124,7 +124,9 @@ class _ApplyFixes:
             fixed.patcher = original.patcher.clone()
         else:
             fixed = original.clone()
-        registry.attach_fixes(_patcher(self.TARGET, fixed), self.TARGET)
+        # the clone is the node's own: a choice made on it (H3's compute dtype) never reaches the loader's cached
+        # patcher, which keeps ComfyUI's choice once the node is gone
+        registry.attach_fixes(_patcher(self.TARGET, fixed), self.TARGET, own_patcher=True)
         return (fixed,)
 
 

@@ -24,22 +24,29 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=h3_fp16_overflow`` (read on every DiT call,
 
 Delete when: no supported core's tiny-H3 check overflows (every one reads "fixed upstream").
 
-How: attached by the pack's diffusion-model loader and Apply node as an injection. After each load it gives the
-DiT instance attributes, all inert unless the call computes in fp16 (kernels/h3_fp16.py does the arithmetic):
+How: attached by the pack's diffusion-model loader and Apply node (and server-side fixing, which inserts them) as an
+injection. After each load it gives the DiT instance attributes, all inert unless the call computes in fp16
+(kernels/h3_fp16.py does the arithmetic):
 ``_forward`` and ``preprocess_text_embeds`` (the two entry points) mark an fp16 call; then ``condition_proj``
 computes in fp32, the token refiner and every DiT block carry the residual in fp32 with fp16 branches, the final
 norm takes the fp32 stream, and hooks on each ``out_proj`` and ``fc1`` rescale the branch outputs by a power of
 two. In bf16 and fp32 every override calls the model's own code: outputs are bit for bit stock.
-The pack's loader also lets ComfyUI pick fp16 where it is safe now (``choose_fp16``): on a device where ComfyUI's
-own ``should_use_fp16`` says yes, ``should_use_bf16`` says no and the device computes fp16 at full rate (NVIDIA:
-compute capability 7.0 or newer; Pascal's fp16 runs at 1/64 rate), an H3 that ComfyUI would compute in fp32 gets
-fp16 as its compute dtype (``set_model_compute_dtype``, the patcher's own switch, as the ModelComputeDtype node
-uses it). ``--fp32-unet`` (or ``--force-fp32``) keeps fp32.
+The safety net: each fp16 call's outputs are checked for finiteness on the device and read back once per call (no
+block adds a host sync); a call whose activations left even the rescaled range runs again in fp32, and the log says
+so once per prompt (``SafetyNet``; the Status node says whether it tripped in the last run).
+The pack's loader and Apply node also let ComfyUI pick fp16 where it is safe now (``choose_fp16``), on the pack's own
+patcher (the loader's, or the Apply node's clone: never the patcher another loader caches, which would keep fp16
+without the fix once the Apply node is gone): on a device where ComfyUI's own ``should_use_fp16`` says yes,
+``should_use_bf16`` says no and the device computes fp16 at full rate (NVIDIA: compute capability 7.0 or newer;
+Pascal's fp16 runs at 1/64 rate), an H3 that ComfyUI would compute in fp32 gets fp16 as its compute dtype
+(``set_model_compute_dtype``, the patcher's own switch, as the ModelComputeDtype node uses it). ``--fp32-unet`` (or
+``--force-fp32``) keeps fp32.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 import torch
 
@@ -57,11 +64,60 @@ FIX_ID = "h3_fp16_overflow"
 BLOCK_ARGUMENTS = frozenset({"x", "t_emb", "mod_segments", "rope_freqs", "transformer_options", "attention"})
 
 
-def hook_dit(dit, fix: Fix) -> list:
-    """``fix`` on one H3 DiT instance, for its fp16 calls (none while its off switch is set); returns removable
-    handles."""
-    overrides = [AttributeOverride(*override) for override in fp32_stream_forwards(dit, fix.link.switched_off)]
+def hook_dit(dit, fix: H3Fp16Overflow, net: bool = True) -> list:
+    """``fix`` on one H3 DiT instance, for its fp16 calls (none while its off switch is set), with its safety net
+    (``net``; the benchmark measures the fix without it too); returns removable handles."""
+    forwards = fp32_stream_forwards(dit, fix.link.switched_off, fix.net if net else None)
+    overrides = [AttributeOverride(*override) for override in forwards]
     return overrides + rescale_hooks(dit)
+
+
+def running_prompt() -> str | None:
+    """The id of the prompt ComfyUI is executing in this thread (None outside one, or on a core without it)."""
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:
+        return None
+    context = get_executing_context()
+    return getattr(context, "prompt_id", None)
+
+
+class SafetyNet:
+    """What the safety net did, for the log and the Status node: the prompt whose DiT calls it last checked, and
+    how many of them it ran again in fp32. The log says once per prompt which call tripped first."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._prompt: object = None
+        self._checked = self._tripped = 0
+
+    def checked(self) -> None:
+        prompt = running_prompt()
+        with self._lock:
+            if prompt != self._prompt:
+                self._prompt, self._checked, self._tripped = prompt, 0, 0
+            self._checked += 1
+
+    def tripped(self, name: str, args) -> None:
+        with self._lock:
+            self._tripped += 1
+            first, prompt = self._tripped == 1, self._prompt
+        if first:
+            timestep = args[1] if name == "_forward" and len(args) > 1 else None
+            call = (f"DiT call at sigma {float(timestep.flatten()[0]) / 1000.0:.4g}"
+                    if isinstance(timestep, torch.Tensor) else f"{name} call")
+            log.warning("MiniMax Hotfix: %s: a MiniMax H3 %s left float16's range even with the branch rescale "
+                        "(non-finite output): it ran again in float32, as will any other call that trips in this "
+                        "prompt%s", FIX_ID, call, f" ({prompt})" if prompt else "")
+
+    def summary(self) -> str:
+        with self._lock:
+            if not self._checked:
+                return "safety net: no float16 MiniMax H3 call checked yet"
+            if not self._tripped:
+                return f"safety net: did not trip in the last run ({self._checked} float16 DiT call(s) checked)"
+            return (f"safety net: tripped in the last run: {self._tripped} of {self._checked} DiT call(s) ran again "
+                    "in float32")
 
 
 def h3_dits(model) -> list:
@@ -94,9 +150,8 @@ def choose_fp16(patcher) -> bool:
     ``fp16_instead_of_fp32``; returns whether it did. The patcher's own switch (an object patch of
     ``manual_cast_dtype``, as ComfyUI's ModelComputeDtype node sets it), so clones keep it and the stock model is
     untouched."""
-    model = patcher.model
-    dits = h3_dits(model)
-    if not dits or model.get_dtype_inference() != torch.float32:
+    dits = h3_dits(patcher.model)
+    if not dits or compute_dtype(patcher) != torch.float32:
         return False
     device = patcher.load_device
     if not fp16_instead_of_fp32(device, sum(p.numel() for p in dits[0].parameters())):
@@ -107,20 +162,53 @@ def choose_fp16(patcher) -> bool:
     return True
 
 
-def machine_note() -> str | None:
-    """What this machine means for H3 through the stock loaders, where it matters: forced fp16 (black video) or the
-    fp32 fallback (about 10 times slower than fp16)."""
-    import comfy.model_management as mm
-    from comfy.cli_args import args
+def compute_dtype(patcher) -> torch.dtype:
+    """The dtype ``patcher``'s model computes in, its object patches counted (a ModelComputeDtype node upstream of an
+    Apply node, or the pack's own choice, sets ``manual_cast_dtype`` on the patcher, not on the shared model)."""
+    manual_cast = patcher.get_model_object("manual_cast_dtype")
+    return manual_cast if manual_cast is not None else patcher.model.get_dtype()
 
-    if args.fp16_unet or args.force_fp16:
-        return ("this ComfyUI computes MiniMax H3 in float16 (--fp16-unet / --force-fp16): through the stock loaders "
-                "its video is black and its audio NaN; the pack's loaders keep its overflow sites in float32")
+
+def comfyui_compute_dtype(device) -> torch.dtype:
+    """The dtype ComfyUI alone computes a MiniMax H3 checkpoint in on ``device`` (a bfloat16 file, as released), by
+    its own rules: ``unet_dtype`` over H3's supported dtypes, then ``unet_manual_cast``."""
+    import comfy.model_management as mm
+    import comfy.supported_models
+
+    config = getattr(comfy.supported_models, "MiniMaxH3", None)
+    supported = list(getattr(config, "supported_inference_dtypes", None) or (torch.bfloat16, torch.float32))
+    weight = mm.unet_dtype(device, supported_dtypes=supported, weight_dtype=torch.bfloat16)
+    return mm.unet_manual_cast(weight, device, supported) or weight
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def loader_paths_line(device) -> str:
+    """Which dtype MiniMax H3 computes in on ``device`` through each loader path, and what that means: the stock
+    loaders (ComfyUI's choice), and the pack's loader, Apply node and server-side fixing (the same choice,
+    ``choose_fp16``, on the pack's own patcher)."""
+    stock = comfyui_compute_dtype(device)
+    pack = torch.float16 if stock == torch.float32 and fp16_instead_of_fp32(device) else stock
+    pack_paths = "the pack's loader, the Apply node and server-side fixing"
+    if stock == pack != torch.float16:
+        return f"MiniMax H3 computes in {_dtype_name(stock)} on {device} through every loader (stock and {pack_paths})"
+    stock_meaning = ("video black, audio NaN" if stock == torch.float16
+                     else "no bfloat16 here: correct, about 10 times slower than float16")
+    return (f"MiniMax H3 computes on {device} in {_dtype_name(stock)} through the stock loaders ({stock_meaning}); in "
+            f"{_dtype_name(pack)} through {pack_paths}, its overflow sites in float32 and a float32 safety net")
+
+
+def machine_note() -> str | None:
+    """The start-up line about this machine, where the loader path decides how H3 computes (forced fp16: black
+    through the stock loaders; no bf16: fp32 through them, fp16 through the pack's): which dtype through each."""
+    import comfy.model_management as mm
+
     device = mm.get_torch_device()
-    if fp16_instead_of_fp32(device):
-        return (f"{device} has no bfloat16: through the stock loaders ComfyUI computes MiniMax H3 in float32, about "
-                "10 times slower than float16; the pack's diffusion-model loader computes it in float16, its "
-                "overflow sites in float32")
+    stock = comfyui_compute_dtype(device)
+    if stock == torch.float16 or (stock == torch.float32 and fp16_instead_of_fp32(device)):
+        return loader_paths_line(device)
     return None
 
 
@@ -185,14 +273,22 @@ class H3Fp16Overflow(Fix):
         return Status(State.NEEDED, "H3's condition_proj, residual stream and branch outputs exceed fp16's range: "
                                      "in fp16 the output is NaN (black video, NaN audio)")
 
+    def __init__(self):
+        self.net = SafetyNet()
+
     def hook_loaded_model(self, model) -> list:
         return [handle for dit in h3_dits(model) for handle in hook_dit(dit, self)]
 
-    def loaded_by_pack(self, patcher) -> None:
+    def on_own_patcher(self, patcher) -> None:
         choose_fp16(patcher)
 
     def machine_note(self) -> str | None:
         return machine_note()
+
+    def machine_lines(self) -> list[str]:
+        import comfy.model_management as mm
+
+        return [loader_paths_line(mm.get_torch_device()), self.net.summary()]
 
 
 FIX = H3Fp16Overflow()

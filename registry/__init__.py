@@ -192,18 +192,18 @@ def fixes_for(target: Target) -> list[Fix]:
     return [fix for fix in candidates if target in fix.targets]
 
 
-def attach_fixes(patcher, target: Target, loaded_by_pack: bool = False) -> list[str]:
+def attach_fixes(patcher, target: Target, own_patcher: bool = False) -> list[str]:
     """Attach every needed fix for ``target`` (VAE, CLIP or MODEL) to ``patcher``; return their ids.
-    ``loaded_by_pack``: the pack's own loader has just loaded it (``Fix.loaded_by_pack``), not an Apply node."""
+    ``own_patcher``: ``patcher`` is the pack's own (``Fix.on_own_patcher``): its loader's, or an Apply node's clone."""
     attached = []
     for fix in fixes_for(target):
         if status(fix).state != State.NEEDED:
             continue
         key = key_for(fix)
         with _changing:
-            if loaded_by_pack:
+            if own_patcher:
                 try:
-                    fix.loaded_by_pack(patcher)
+                    fix.on_own_patcher(patcher)
                 except Exception as exc:  # the model is loaded: its load-time choice is an improvement, never a must
                     log.warning("MiniMax Hotfix: %s left the loaded model as ComfyUI loaded it: %s", fix.id,
                                 error_line(exc))

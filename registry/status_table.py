@@ -51,6 +51,15 @@ def attachment_texts(fixes: list[Fix] | None = None) -> dict[str, str]:
     return {fix.id: str(attachment(fix)) for fix in (all_fixes().values() if fixes is None else fixes)}
 
 
+def machine_rows(fixes: list[Fix] | None = None) -> list[tuple[str, str]]:
+    """(id, line) per line a needed fix has to say about this machine (``Fix.machine_lines``)."""
+    rows = []
+    for fix in all_fixes().values() if fixes is None else fixes:
+        if status(fix).state is State.NEEDED:
+            rows += [(fix.id, line) for line in fix.machine_lines()]
+    return rows
+
+
 def status_table(width: int | None = None, fixes: list[Fix] | None = None) -> str:
     """The states and attachments, then each fix's retirement: which upstream change makes it obsolete and when its
     file goes."""
@@ -63,4 +72,7 @@ def status_table(width: int | None = None, fixes: list[Fix] | None = None) -> st
     table = text_table([(fix_id, state, attached.get(fix_id, "-"), reason) for fix_id, state, reason in rows],
                        ("fix", "state", "attached", "reason"), width)
     table += "\n\n" + text_table([("server-side fixing", PROMPT_FIXING.describe())], width=width)
+    machine = machine_rows(fixes)
+    if machine:
+        table += "\n\n" + text_table(machine, ("fix", "on this machine"), width)
     return table + ("\n\n" + text_table(retiring, ("fix", "retirement"), width) if retiring else "")

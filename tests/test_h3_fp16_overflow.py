@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from minimax_hotfix.contract import remove_handles
 from minimax_hotfix.kernels.h3_fp16 import (
@@ -230,23 +231,133 @@ def test_the_loader_picks_fp16_only_where_comfyui_would_fall_back_to_fp32_and_fp
     assert fp16_instead_of_fp32(device) is False
 
 
+# Reading a tensor back to the host: on a GPU each waits for the device (a synchronization)
+HOST_READS = frozenset({torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.tolist, torch.Tensor.__float__,
+                        torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.numpy})
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the host reads of the torch calls made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in HOST_READS
+        return func(*args, **(kwargs or {}))
+
+
+def cast_model(h3, layers: int = 4, sink_growth: float = 3.0):
+    """The tiny H3 as ComfyUI loads it on a device without bf16: weights kept in fp32, each cast to the call's
+    dtype (``comfy.ops.manual_cast``), so that an fp16 call and its fp32 run share every weight."""
+    import comfy.ops
+
+    model_class = h3.module.h3_model_class()
+    return tiny_h3_model(model_class, comfy.ops.manual_cast, torch.float32, overflow=True,
+                         config={"num_layers": layers}, sink_growth=sink_growth)
+
+
+def dit_call(model, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([part.reshape(-1).to(torch.float32) for part in model(**inputs)])
+
+
+def in_fp32(inputs: dict) -> dict:
+    """The same call in fp32: the fp16 call's own inputs (as ComfyUI handed them to the DiT), widened."""
+    return {**inputs, "x": [part.float() for part in inputs["x"]], "context": inputs["context"].float()}
+
+
+@pytest.fixture
+def net(h3, monkeypatch):
+    """A fresh safety-net record on the fix."""
+    monkeypatch.setattr(h3.fix, "net", h3.module.SafetyNet())
+    return h3.fix.net
+
+
 @pytest.mark.cores(*CORES)
-def test_the_pack_loader_sets_fp16_on_comfyuis_patcher_where_it_is_chosen(h3, monkeypatch):
+def test_past_the_rescale_the_safety_net_runs_the_call_again_in_fp32(h3, net, caplog):
+    """fc2 above 256 x 65504: even rescaled it overflows fp16. Red control: the fix without its net gives NaN, with
+    no word in the log. With the net: the call's output equals its fp32 run bit for bit, and the log says so once
+    for the prompt however many calls trip."""
+    model = cast_model(h3, sink_growth=7.0)
+    fc2 = magnitudes(model)["fc2"]
+    assert max(fc2) > BRANCH_RESCALE * FP16_MAX, fc2
+    inputs = tiny_h3_inputs(torch.float16)
+    reference = dit_call(model, in_fp32(inputs))
+    runs = {}
+    for with_net in (False, True):
+        handles = h3.module.hook_dit(model, h3.fix, net=with_net)
+        try:
+            runs[with_net] = [dit_call(model, inputs) for _ in range(2)]
+        finally:
+            remove_handles(handles)
+    print(f"\nfc2 peak {max(fc2):.3g} (the rescale's envelope {BRANCH_RESCALE * FP16_MAX:.3g}); without the net "
+          f"finite: {bool(torch.isfinite(runs[False][0]).all())}; with it |diff| from the fp32 run "
+          f"{(runs[True][0] - reference).abs().max().item():.3g}; {net.summary()}")
+    assert not torch.isfinite(runs[False][0]).all()
+    assert all(torch.equal(out, reference) for out in runs[True])
+    trips = [record for record in caplog.records if "left float16's range" in record.getMessage()]
+    assert len(trips) == 1 and "ran again in float32" in trips[0].getMessage()
+    assert net.summary() == "safety net: tripped in the last run: 2 of 2 DiT call(s) ran again in float32"
+
+
+@pytest.mark.cores(*CORES)
+@pytest.mark.parametrize("layers, sink_growth", [(4, 3.0), (8, 2.0)], ids=["4 blocks", "8 blocks"])
+def test_inside_the_envelope_the_net_never_trips_and_reads_the_device_once_per_call(h3, net, layers, sink_growth):
+    """The net costs one host read per DiT call, however many blocks (no block adds one), and inside the rescale's
+    envelope it recomputes nothing: the output is the fix's without the net, bit for bit."""
+    model = cast_model(h3, layers, sink_growth)
+    assert max(magnitudes(model)["fc2"]) < BRANCH_RESCALE * FP16_MAX
+    reads, outs = {}, {}
+    for with_net in (False, True):
+        handles = h3.module.hook_dit(model, h3.fix, net=with_net)
+        try:
+            with HostReads() as counted:
+                outs[with_net] = dit_call(model, tiny_h3_inputs(torch.float16))
+        finally:
+            remove_handles(handles)
+        reads[with_net] = counted.count
+    print(f"\n{layers} blocks: host reads per DiT call {reads[False]} without the net, {reads[True]} with it; "
+          f"{net.summary()}")
+    assert reads[True] == reads[False] + 1
+    assert torch.equal(outs[True], outs[False]) and torch.isfinite(outs[True]).all()
+    assert net.summary() == "safety net: did not trip in the last run (1 float16 DiT call(s) checked)"
+
+
+class Fp32Model(torch.nn.Module):
+    """What ComfyUI's BaseModel gives the dtype choice: its diffusion model, weight dtype and cast dtype."""
+
+    def __init__(self, diffusion_model):
+        super().__init__()
+        self.diffusion_model, self.manual_cast_dtype = diffusion_model, None
+
+    def get_dtype(self):
+        return torch.float32
+
+
+@pytest.mark.cores(*CORES)
+def test_the_dtype_choice_goes_on_the_patcher_it_is_given_and_never_on_the_one_that_was_cloned(h3, monkeypatch):
+    """The pack's loader chooses on its own patcher, the Apply node on its clone (nodes/__init__.py): the patcher an
+    upstream loader caches keeps ComfyUI's float32, as a stock run after the Apply node is deleted needs. A patcher
+    that already computes in another dtype (a ModelComputeDtype node upstream of the Apply node) keeps it."""
     import comfy.model_management as mm
     import comfy.model_patcher
 
-    model = types.SimpleNamespace(diffusion_model=h3.build(torch.float32), manual_cast_dtype=None)
-    model.get_dtype_inference = lambda: model.manual_cast_dtype or torch.float32
-    patcher = comfy.model_patcher.ModelPatcher(torch.nn.Module(), load_device=torch.device("cpu"),
-                                               offload_device=torch.device("cpu"))
-    patcher.model.diffusion_model = model.diffusion_model
-    patcher.model.get_dtype_inference = model.get_dtype_inference
+    cached = comfy.model_patcher.ModelPatcher(Fp32Model(h3.build(torch.float32)), load_device=torch.device("cpu"),
+                                              offload_device=torch.device("cpu"))
     monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: True)
-    assert not h3.module.choose_fp16(patcher)  # a bf16 device: ComfyUI's own choice stands
+    assert not h3.module.choose_fp16(cached.clone())  # a bf16 device: ComfyUI's own choice stands
     monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: False)
     monkeypatch.setattr(mm, "should_use_fp16", lambda *a, **k: True)
-    assert h3.module.choose_fp16(patcher)
-    assert patcher.object_patches["manual_cast_dtype"] is torch.float16 and patcher.force_cast_weights
+    own = cached.clone()
+    assert h3.module.choose_fp16(own)
+    assert own.object_patches["manual_cast_dtype"] is torch.float16 and own.force_cast_weights
+    assert "manual_cast_dtype" not in cached.object_patches and not cached.force_cast_weights
+    assert h3.module.compute_dtype(cached) == torch.float32 and h3.module.compute_dtype(own) == torch.float16
+    chosen_upstream = cached.clone()
+    chosen_upstream.set_model_compute_dtype(torch.bfloat16)
+    assert not h3.module.choose_fp16(chosen_upstream.clone())
 
 
 def test_the_branch_hooks_act_only_inside_a_rescaled_branch():
@@ -290,9 +401,14 @@ def test_the_startup_note_says_when_h3_runs_fp16_or_falls_back_to_fp32(comfyui, 
     monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: False)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-    assert "has no bfloat16" in machine_note() and "float32" in machine_note()
+    note = machine_note()
+    print(f"\nno bf16: {note}")
+    assert "in float32 through the stock loaders (no bfloat16 here" in note
+    assert "in float16 through the pack's loader, the Apply node and server-side fixing" in note
     monkeypatch.setattr(args, "fp16_unet", True)
-    assert "black" in machine_note()
+    note = machine_note()
+    print(f"--fp16-unet: {note}")
+    assert "in float16 through the stock loaders (video black, audio NaN)" in note
 
 
 @pytest.fixture

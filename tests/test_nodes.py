@@ -143,6 +143,7 @@ def test_the_unet_loader_loads_like_stock_then_attaches(comfy_nodes, counting_fi
     (model,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixUNETLoader"]().load_unet("h3.safetensors", "default")
     assert model is loaded and seen["path"] == "/diffusion_models/h3.safetensors"
     assert model.get_injections(registry.key_for(counting_fix))
+    assert counting_fix.own_patchers == [model]
 
 
 def test_apply_nodes_leave_their_input_unchanged(comfy_nodes, counting_fix):
@@ -150,6 +151,8 @@ def test_apply_nodes_leave_their_input_unchanged(comfy_nodes, counting_fix):
     (fixed,) = comfy_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyModel"]().apply(model=stock)
     key = registry.key_for(counting_fix)
     assert fixed is not stock and fixed.get_injections(key) and not stock.get_injections(key)
+    # a choice made at attach time (H3's compute dtype) goes on the node's own clone, never on the cached input
+    assert counting_fix.own_patchers == [fixed]
 
     class VAE:  # the slice of comfy.sd.VAE the node touches
         patcher = stock

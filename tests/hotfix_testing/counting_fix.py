@@ -13,13 +13,18 @@ def tiny_model():
 
 
 class CountingFix(Fix):
-    """Counts forward calls through a pre-hook on every Linear and marks the model, all via an injection."""
+    """Counts forward calls through a pre-hook on every Linear and marks the model, all via an injection; keeps the
+    patchers it was told are the pack's own (``on_own_patcher``)."""
 
     id = "test_counting"
     targets = ("model",)
 
     def __init__(self):
         self.calls = 0
+        self.own_patchers = []
+
+    def on_own_patcher(self, patcher):
+        self.own_patchers.append(patcher)
 
     def detect(self):
         return Status(State.NEEDED, "test fix")
