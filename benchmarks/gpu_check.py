@@ -43,7 +43,8 @@ a time, alone on it.
    tests/comfyui_gguf_stand_in): stock's capture error, the pack's policy leaving that unit uncaptured and the
    others graphed, equal to graphs off (``music3_graphs_part``);
 6. h3_fp16_overflow: benchmarks/h3_fp16_overflow.py (its ``main``): the H3 DiT at the real block width in fp32 (TF32
-   off), plain fp16 and fp16 with the fix: per-step times, the fix's overhead, the fp16 gain, memory;
+   off), plain fp16, fp16 with the fix and the fix without its safety net: per-step times, the fix's and the net's
+   overheads, the fp16 gain, memory;
 7. doctor: ``tools/doctor.py --json`` against that ComfyUI (``COMFYUI_PATH``).
 
 A pack run passes (``judge``) when it completes, ComfyUI loaded every model completely at "full" and split them at

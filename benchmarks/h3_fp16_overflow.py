@@ -7,13 +7,15 @@ ComfyUI's own ``MiniMaxH3Model`` at the real block width (hidden 5376, 56 heads 
 ``--tiny``: the pack's tiny H3, for the tests) with ``--blocks`` DiT blocks and random weights from a seeded
 generator (the global random state is left alone), one sampling step's forward on ``--tokens`` packed tokens. The
 text arrives refined, as ComfyUI's ``extra_conds`` sends it: the token refiner runs once per sampling run, not per
-step, so the model is built without refiner blocks. Three modes, interleaved round by round (medians):
+step, so the model is built without refiner blocks. Four modes, interleaved round by round (medians):
 
 * fp32: what stock ComfyUI computes H3 in where the device has no bf16 (weights and compute fp32; on CUDA TF32 off);
 * fp16: plain fp16, stock, no fix: the speed to match (the inputs stay in range, so it stays finite here);
-* pack: the same fp16 model with the fix's hooks (``hook_dit``), its calls marked fp16 by the DiT's own ``_forward``.
+* pack: the same fp16 model with the fix's hooks (``hook_dit``), its calls marked fp16 by the DiT's own ``_forward``;
+* pack without the net: the same, without the safety net (``hook_dit(..., net=False)``): what the net costs.
 
-Prints ms/step per mode, pack/fp16 (the fix's overhead; PASS/FAIL against ``--overhead-target``), fp32/pack (the
+Prints ms/step per mode, pack/fp16 (the fix's overhead; PASS/FAIL against ``--overhead-target``), pack/pack without
+the net (the safety net's cost; PASS/FAIL against ``--net-overhead-target``, 2%), fp32/pack (the
 gain over the fp32 fallback, meaningful on a GPU: a CPU without fp16 arithmetic runs fp16 matmuls slower than fp32
 ones) and the memory each mode needs: its model's weights plus the forward's activation peak (CUDA:
 ``torch.cuda.max_memory_allocated`` over the forward; CPU, where torch's allocator keeps no statistics: the peak of the
@@ -52,11 +54,13 @@ from minimax_hotfix.patches.h3_fp16_overflow import FIX, h3_model_class, hook_di
 CANNOT_RUN = 2
 MIB = 2**20
 OVERHEAD_TARGET = 1.10
+NET_OVERHEAD_TARGET = 1.02
 # The real H3 DiT's widths (MiniMaxH3Model's defaults on 0.33.0, named here so that a core changing them changes nothing)
 H3_WIDTH = {"hidden_size": 5376, "num_attention_heads": 56, "attention_head_dim": 128, "ffn_hidden_size": 14336,
             "text_dim": 5120}
 DEFAULTS = {"cpu": {"blocks": 1, "tokens": 64, "rounds": 5}, "cuda": {"blocks": 4, "tokens": 8192, "rounds": 10}}
-MODES = {"fp32": "fp32 (stock fallback)", "fp16": "fp16 (stock, no fix)", "pack": "fp16 with the pack's fix"}
+MODES = {"fp32": "fp32 (stock fallback)", "fp16": "fp16 (stock, no fix)", "pack": "fp16 with the pack's fix",
+         "no_net": "the fix without its net"}
 SIGMA = 0.6
 
 
@@ -73,6 +77,8 @@ def parse_args(argv, device: torch.device) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="the pack's tiny H3 widths instead of the real ones")
     parser.add_argument("--overhead-target", type=float, default=OVERHEAD_TARGET,
                         help=f"pack / fp16 at most this (default {OVERHEAD_TARGET})")
+    parser.add_argument("--net-overhead-target", type=float, default=NET_OVERHEAD_TARGET,
+                        help=f"pack / pack without the safety net at most this (default {NET_OVERHEAD_TARGET})")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.tokens < 32 or args.blocks < 1 or args.rounds < 1:
@@ -139,8 +145,8 @@ def in_dtype(inputs: dict, dtype: torch.dtype) -> dict:
 
 @contextlib.contextmanager
 def fix_hooks(mode: str, model):
-    """The fix's hooks on ``model`` for the pack's mode, nothing for the others."""
-    handles = hook_dit(model, FIX) if mode == "pack" else []
+    """The fix's hooks on ``model`` for the pack's modes (with and without its net), nothing for the others."""
+    handles = hook_dit(model, FIX, net=mode == "pack") if mode in ("pack", "no_net") else []
     try:
         yield
     finally:
@@ -242,13 +248,15 @@ def measure(args, model_class, device) -> dict:
         "ms_per_step": {mode: statistics.median(times[mode]) * 1e3 for mode in MODES},
         "ms_per_step_min": {mode: min(times[mode]) * 1e3 for mode in MODES},
         "pack_over_fp16": statistics.median(p / f for p, f in zip(times["pack"], times["fp16"], strict=True)),
+        "pack_over_no_net": statistics.median(p / n for p, n in zip(times["pack"], times["no_net"], strict=True)),
         "fp32_over_pack": statistics.median(f / p for f, p in zip(times["fp32"], times["pack"], strict=True)),
         "weight_bytes": {mode: weight_bytes(model) for mode, (model, _) in runs.items()},
         "activation_bytes": activations,
         "finite": all(bool(torch.isfinite(out).all()) for out in outputs.values()),
         "fp32_stream_ran": not torch.equal(outputs["pack"], outputs["fp16"]),
+        "net_recomputed_nothing": torch.equal(outputs["pack"], outputs["no_net"]),
         "max_abs_diff_from_fp32": {mode: (outputs[mode] - outputs["fp32"]).abs().max().item()
-                                   for mode in ("fp16", "pack")},
+                                   for mode in ("fp16", "pack", "no_net")},
     }
 
 
@@ -276,6 +284,10 @@ def report(args, figures: dict, device: torch.device) -> None:
     verdict = "PASS" if figures["overhead_within_target"] else "FAIL"
     print(f"pack / fp16: {figures['pack_over_fp16']:.3f} (median of per-round ratios); target <= "
           f"{args.overhead_target:.2f}: {verdict}")
+    net_verdict = "PASS" if figures["net_overhead_within_target"] else "FAIL"
+    print(f"pack / pack without the safety net: {figures['pack_over_no_net']:.3f} (median of per-round ratios; the "
+          f"net recomputed {'nothing' if figures['net_recomputed_nothing'] else 'A CALL'}); target <= "
+          f"{args.net_overhead_target:.2f}: {net_verdict}")
     gain_note = "" if device.type == "cuda" else " (not meaningful on a CPU: its fp16 matmuls are no faster)"
     print(f"fp32 / pack: {figures['fp32_over_pack']:.2f}, the fp16 gain over the fp32 fallback{gain_note}")
 
@@ -298,9 +310,12 @@ def main(argv=None) -> int:
                    **measure(args, model_class, device)}
     figures["overhead_target"] = args.overhead_target
     figures["overhead_within_target"] = figures["pack_over_fp16"] <= args.overhead_target
+    figures["net_overhead_target"] = args.net_overhead_target
+    figures["net_overhead_within_target"] = figures["pack_over_no_net"] <= args.net_overhead_target
     figures["wall_s"] = time.perf_counter() - started
     report(args, figures, device)
-    passed = figures["finite"] and figures["fp32_stream_ran"] and figures["overhead_within_target"]
+    passed = (figures["finite"] and figures["fp32_stream_ran"] and figures["net_recomputed_nothing"]
+              and figures["overhead_within_target"] and figures["net_overhead_within_target"])
     print(f"{'all checks passed' if passed else 'a check failed'} in {figures['wall_s']:.1f} s")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))

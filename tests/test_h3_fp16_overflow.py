@@ -418,7 +418,8 @@ def benchmark(comfyui):
     return h3_fp16_overflow
 
 
-BENCHMARK_ARGS = ["--tiny", "--tokens", "64", "--rounds", "1", "--overhead-target", "100"]  # checks, not timings
+BENCHMARK_ARGS = ["--tiny", "--tokens", "64", "--rounds", "1", "--overhead-target", "100",
+                  "--net-overhead-target", "100"]  # checks, not timings
 
 
 def test_the_benchmark_checks_that_the_fix_ran(benchmark, tmp_path, monkeypatch, capsys):
@@ -428,9 +429,9 @@ def test_the_benchmark_checks_that_the_fix_ran(benchmark, tmp_path, monkeypatch,
     assert benchmark.main([*BENCHMARK_ARGS, "--json", str(figures)]) == 0, capsys.readouterr().out
     measured = json.loads(figures.read_text())
     assert measured["finite"] and measured["fp32_stream_ran"]
-    assert set(measured["ms_per_step"]) == {"fp32", "fp16", "pack"}
+    assert set(measured["ms_per_step"]) == {"fp32", "fp16", "pack", "no_net"} and measured["net_recomputed_nothing"]
     assert measured["weight_bytes"]["fp32"] > measured["weight_bytes"]["fp16"]
-    monkeypatch.setattr(benchmark, "hook_dit", lambda model, fix: [])
+    monkeypatch.setattr(benchmark, "hook_dit", lambda model, fix, net: [])
     assert benchmark.main(BENCHMARK_ARGS) == 1
     assert "did NOT take the fp32-stream path" in capsys.readouterr().out
 
