@@ -389,13 +389,15 @@ def test_the_branch_rescale_is_bit_exact_for_inputs_that_stay_normal(values, see
     assert torch.equal((torch.nn.functional.silu(gate) * (up / BRANCH_RESCALE)) * BRANCH_RESCALE, swiglu)
 
 
-def test_the_startup_note_says_when_h3_runs_fp16_or_falls_back_to_fp32(comfyui, monkeypatch):
+def test_the_startup_note_and_the_status_table_say_which_dtype_each_loader_path_computes_in(h3, net, monkeypatch):
     import comfy.model_management as mm
     from comfy.cli_args import args
 
     from minimax_hotfix.patches.h3_fp16_overflow import machine_note
+    from minimax_hotfix.registry.status_table import status_table
 
-    assert machine_note() is None  # red control: a CPU run, no flag: nothing to say
+    assert machine_note() is None  # red control: a CPU run, no flag: nothing to say at start-up
+    assert "MiniMax H3 computes in float32 on cpu through every loader" in status_table(fixes=[h3.fix])
     monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
     monkeypatch.setattr(mm, "should_use_fp16", lambda *a, **k: True)
     monkeypatch.setattr(mm, "should_use_bf16", lambda *a, **k: False)
@@ -405,6 +407,9 @@ def test_the_startup_note_says_when_h3_runs_fp16_or_falls_back_to_fp32(comfyui, 
     print(f"\nno bf16: {note}")
     assert "in float32 through the stock loaders (no bfloat16 here" in note
     assert "in float16 through the pack's loader, the Apply node and server-side fixing" in note
+    table = status_table(width=400, fixes=[h3.fix])
+    print(table.split("\n\n")[-2])
+    assert note in table and net.summary() in table  # the Status node's "on this machine" rows, as the doctor's
     monkeypatch.setattr(args, "fp16_unet", True)
     note = machine_note()
     print(f"--fp16-unet: {note}")
