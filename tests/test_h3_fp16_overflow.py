@@ -325,6 +325,49 @@ def test_inside_the_envelope_the_net_never_trips_and_reads_the_device_once_per_c
     assert net.summary() == "safety net: did not trip in the last run (1 float16 DiT call(s) checked)"
 
 
+@pytest.mark.cores(*CORES)
+def test_audio_rows_as_attention_sinks_need_no_fp32_attention(h3):
+    """A public V100 patch keeps H3's attention over the target and reference audio rows in fp32. Here every audio
+    row is a sink from the first block on (``audio_patch_proj``'s channel 0 biased, so each block's MLP grows it as
+    the text sink grows: about 1e5 after block 1, 4.4e6 after block 4), and the fix's fp16 attention is as close to
+    fp32 as with the text sink alone and closer than bf16: q and k are RMS-normalized per head (``q_norm``,
+    ``k_norm``) and v comes from the normalized stream, so what attention reads stays in range however large the
+    stream's rows grow; the stream itself is fp32."""
+    from comfy.ldm.minimax.model import PackedLayout
+
+    inputs = tiny_h3_inputs(torch.float16)
+    video, audio = inputs["x"]
+    layout = PackedLayout(inputs["context"].shape[1], video.shape[2], video.shape[3], video.shape[4], audio.shape[-1])
+    first, last, _ = next(segment for segment in layout.segments if segment[2] == "audio")
+    errors = {}
+    for audio_sink in (False, True):
+        model = cast_model(h3)
+        if audio_sink:
+            with torch.no_grad():
+                model.audio_patch_proj.bias[0] = 3000.0
+        audio_rows = []
+        handles = [block.register_forward_hook(
+            lambda module, args, output: audio_rows.append(output[first:last, 0].abs().min().item()))
+            for block in model.blocks]
+        reference = dit_call(model, in_fp32(inputs))
+        remove_handles(handles)
+        bf16 = dit_call(model, {**inputs, "x": [part.bfloat16() for part in inputs["x"]],
+                                "context": inputs["context"].bfloat16()})
+        fixed = h3.module.hook_dit(model, h3.fix, net=False)
+        try:
+            pack = dit_call(model, inputs)
+        finally:
+            remove_handles(fixed)
+        errors[audio_sink] = ((pack - reference).abs().max().item(), (bf16 - reference).abs().max().item())
+        print(f"\naudio rows as sinks: {audio_sink}; smallest audio row's channel 0 after each block "
+              f"{', '.join(f'{value:.3g}' for value in audio_rows)}; |pack fp16 - fp32| {errors[audio_sink][0]:.3g}, "
+              f"|bf16 - fp32| {errors[audio_sink][1]:.3g}")
+        if audio_sink:
+            assert audio_rows[0] > FP16_MAX  # every audio row past fp16's range from the first block on
+    pack_error, bf16_error = errors[True]
+    assert pack_error <= bf16_error and pack_error <= 1.1 * errors[False][0]
+
+
 class Fp32Model(torch.nn.Module):
     """What ComfyUI's BaseModel gives the dtype choice: its diffusion model, weight dtype and cast dtype."""
 
