@@ -347,7 +347,7 @@ def test_audio_rows_as_attention_sinks_need_no_fp32_attention(h3):
                 model.audio_patch_proj.bias[0] = 3000.0
         audio_rows = []
         handles = [block.register_forward_hook(
-            lambda module, args, output: audio_rows.append(output[first:last, 0].abs().min().item()))
+            lambda module, args, output, rows=audio_rows: rows.append(output[first:last, 0].abs().min().item()))
             for block in model.blocks]
         reference = dit_call(model, in_fp32(inputs))
         remove_handles(handles)
