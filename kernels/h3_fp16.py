@@ -191,21 +191,27 @@ def _like(value, reference):
     return value
 
 
-def _entry_point(stock, name: str, context_position: int, context_name: str, switched_off, net,
-                 keep_output_dtypes: bool = False):
-    """``stock`` (the DiT's ``_forward`` or ``preprocess_text_embeds``), marking the call as fp32-stream when the
-    text states it gets are fp16.
+def _entry_point(stock, inputs: tuple[str, ...], switched_off, net, keep_output_dtypes: bool = False):
+    """``stock`` (the DiT's ``forward`` or ``preprocess_text_embeds``), marking the call as fp32-stream when the
+    text states it gets are fp16. ``inputs``: the names of ``stock``'s leading parameters, the text states last.
+    ``forward``, not ``_forward``: multi-GPU nodes (raylight's sequence parallelism) replace the DiT's ``_forward``
+    and its attention's ``forward`` with their own on every load; the mark around ``forward`` holds whichever
+    ``_forward`` runs inside, in either order of the two injections.
 
     The safety net (where ``net`` is given): ``net.checked()`` counts the marked call, whose outputs are checked for
-    finiteness once, on the device, and read back once. Where an activation left fp16's range even rescaled, the inf reaches both outputs
-    (through the attention and the final norm; a text row that overflows after the last attention reaches neither,
-    and then nothing is wrong), so the outputs' flag trips exactly when the call's result is unusable. Then
-    ``net.tripped(name, args)`` reports it and the call runs again with its fp16 inputs in fp32 and nothing marked: the
-    model's own code in fp32 (ComfyUI's ops cast each weight to the input's dtype). Its outputs stay fp32, as an fp32
-    call returns them (ComfyUI's model takes the DiT's output to fp32 anyway), or, with ``keep_output_dtypes``, go to
-    the fp16 call's dtypes (``preprocess_text_embeds``: its output is the context of fp16 calls to come)."""
+    finiteness once, on the device, and read back once. Where an activation left fp16's range even rescaled, the
+    inf reaches both outputs (through the attention and the final norm; a text row that overflows after the last
+    attention reaches neither, and then nothing is wrong), so the outputs' flag trips exactly when the call's result
+    is unusable. Then ``net.tripped(stock.__name__, given)`` reports it (``given``: the ``inputs`` passed, by name)
+    and the call runs again with its fp16 inputs in fp32 and nothing marked: the model's own code in fp32 (ComfyUI's
+    ops cast each weight to the input's dtype). Its outputs stay fp32, as an fp32 call returns them (ComfyUI's model
+    takes the DiT's output to fp32 anyway), or, with ``keep_output_dtypes``, go to the fp16 call's dtypes
+    (``preprocess_text_embeds``: its output is the context of fp16 calls to come)."""
+    context_name = inputs[-1]
+
     def call(*args, **kwargs):
-        context = args[context_position] if len(args) > context_position else kwargs.get(context_name)
+        given = {**dict(zip(inputs, args, strict=False)), **{key: kwargs[key] for key in inputs if key in kwargs}}
+        context = given.get(context_name)
         outer = fp32_stream_compute()
         compute = outer
         if compute is None and isinstance(context, torch.Tensor) and context.dtype == torch.float16 \
@@ -218,10 +224,11 @@ def _entry_point(stock, name: str, context_position: int, context_name: str, swi
         net.checked()
         if bool(all_finite(out)):
             return out
-        net.tripped(name, args)
-        args = tuple(_in_dtype(arg, torch.float32, only=torch.float16) for arg in args)
-        kwargs = {name: _in_dtype(value, torch.float32, only=torch.float16) if name == context_name else value
-                  for name, value in kwargs.items()}
+        net.tripped(stock.__name__, given)
+        args = tuple(_in_dtype(arg, torch.float32, only=torch.float16) if index < len(inputs) else arg
+                     for index, arg in enumerate(args))
+        kwargs = {key: _in_dtype(value, torch.float32, only=torch.float16) if key in inputs else value
+                  for key, value in kwargs.items()}
         with fp32_stream_call(None):
             again = stock(*args, **kwargs)
         return _like(again, out) if keep_output_dtypes else again
@@ -261,16 +268,16 @@ def _fp32_when_streaming(module, stock, fp32):
 def fp32_stream_forwards(dit, switched_off, net=None) -> list[tuple]:
     """The instance attributes that give one H3 DiT its fp32 stream in fp16 calls (none while ``switched_off()``),
     as ``(object, attribute, value)``: each value wraps the attribute the object has now. ``net``: the safety net's
-    record (``checked()``, ``tripped(name, args)``; ``_entry_point``); None: no net."""
+    record (``checked()``, ``tripped(name, inputs)``; ``_entry_point``); None: no net."""
     norm = dit.final_layer.norm
-    forwards = [(dit, "_forward", _entry_point(dit._forward, "_forward", 2, "context", switched_off, net)),
+    forwards = [(dit, "forward", _entry_point(dit.forward, ("x", "timestep", "context"), switched_off, net)),
                 (dit.condition_proj, "forward",
                  _fp32_when_streaming(dit.condition_proj, dit.condition_proj.forward, linear_fp32)),
                 (dit.token_refiner, "forward", _refiner_forward(dit.token_refiner, dit.token_refiner.forward)),
                 (norm, "forward", _fp32_when_streaming(norm, norm.forward, norm_fp32))]
     if hasattr(dit, "preprocess_text_embeds"):
         forwards.append((dit, "preprocess_text_embeds",
-                         _entry_point(dit.preprocess_text_embeds, "preprocess_text_embeds", 0, "text_states", switched_off, net,
+                         _entry_point(dit.preprocess_text_embeds, ("text_states",), switched_off, net,
                                       keep_output_dtypes=True)))
     return forwards + [(block, "forward", _block_forward(block, block.forward)) for block in dit.blocks]
 

@@ -27,7 +27,7 @@ Delete when: no supported core's tiny-H3 check overflows (every one reads "fixed
 How: attached by the pack's diffusion-model loader and Apply node (and server-side fixing, which inserts them) as an
 injection. After each load it gives the DiT instance attributes, all inert unless the call computes in fp16
 (kernels/h3_fp16.py does the arithmetic):
-``_forward`` and ``preprocess_text_embeds`` (the two entry points) mark an fp16 call; then ``condition_proj``
+``forward`` and ``preprocess_text_embeds`` (the two entry points) mark an fp16 call; then ``condition_proj``
 computes in fp32, the token refiner and every DiT block carry the residual in fp32 with fp16 branches, the final
 norm takes the fp32 stream, and hooks on each ``out_proj`` and ``fc1`` rescale the branch outputs by a power of
 two. In bf16 and fp32 every override calls the model's own code: outputs are bit for bit stock.
@@ -98,12 +98,12 @@ class SafetyNet:
                 self._prompt, self._checked, self._tripped = prompt, 0, 0
             self._checked += 1
 
-    def tripped(self, name: str, args) -> None:
+    def tripped(self, name: str, inputs: dict) -> None:
         with self._lock:
             self._tripped += 1
             first, prompt = self._tripped == 1, self._prompt
         if first:
-            timestep = args[1] if name == "_forward" and len(args) > 1 else None
+            timestep = inputs.get("timestep")
             call = (f"DiT call at sigma {float(timestep.flatten()[0]) / 1000.0:.4g}"
                     if isinstance(timestep, torch.Tensor) else f"{name} call")
             log.warning("MiniMax Hotfix: %s: a MiniMax H3 %s left float16's range even with the branch rescale "
