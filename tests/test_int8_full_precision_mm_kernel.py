@@ -47,6 +47,22 @@ def test_probe_reports_a_missing_op_as_no_int8_compute(monkeypatch):
     assert not int8_compute_available("cpu")
 
 
+# cuBLASLt's answer to an int8 GEMM on a V100 (compute capability 7.0: Volta's tensor cores have no int8 mode), as
+# reported in pytorch/pytorch#106840. ComfyUI's supports_int8_compute says yes to every NVIDIA device, so the int8
+# layers reach it there; the pack decides by this behaviour, not by a list of cards.
+VOLTA_INT_MM_ERROR = ("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul with transpose_mat1 0 "
+                      "transpose_mat2 0 m 16 n 17 k 16 mat1_ld 16 mat2_ld 16 result_ld 16 abType 3 cType 10 "
+                      "computeType 72 scaleType 10")
+
+
+def test_probe_reports_cublaslt_refusing_int8_as_no_int8_compute(monkeypatch):
+    """Red control: the same device with the real op answers True."""
+    assert int8_compute_available("cpu")
+    forget_int8_probes()
+    counting_int_mm(monkeypatch, lambda a, b: (_ for _ in ()).throw(RuntimeError(VOLTA_INT_MM_ERROR)))
+    assert not int8_compute_available("cpu")
+
+
 def test_probe_rejects_an_op_that_returns_wrong_numbers(monkeypatch):
     counting_int_mm(monkeypatch, lambda a, b: torch.zeros(a.shape[0], b.shape[1], dtype=torch.int32))
     assert not int8_compute_available("cpu")
