@@ -46,6 +46,7 @@ RULES = {
         "MODEL": ["MiniMaxHotfixApplyModel", "model"],
         "CLIP": ["MiniMaxHotfixApplyCLIP", "clip"],
         "VAE": ["MiniMaxHotfixApplyVAE", "vae"],
+        "RAY_ACTORS": ["MiniMaxHotfixApplyRayActors", "ray_actors"],  # raylight: each Ray actor's own model
     },
     "pack_node_prefix": "MiniMaxHotfix",
     "pack_cnr_id": "minimax-hotfix",
@@ -93,6 +94,9 @@ API_LOADER_OUTPUTS = {
     "TripleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
     "QuadrupleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
     "VAELoaderGGUF": ["VAE"],
+    # raylight (multi-GPU): its diffusion-model loaders hand on Ray actors, each with its own model
+    "RayUNETLoader": ["RAY_ACTORS"],
+    "RayGGUFLoader": ["RAY_ACTORS"],
 }
 
 

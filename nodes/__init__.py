@@ -169,6 +169,28 @@ class MiniMaxHotfixApplyModel(_ApplyFixes):
     SEARCH_ALIASES = ["minimax model fix", "fix model", "gguf model fix", "int8 fix"]
 
 
+class MiniMaxHotfixApplyRayActors:
+    DESCRIPTION = ("Attaches the MiniMax Hotfix model fixes in every Ray actor of raylight's multi-GPU loader "
+                   "(RayUNETLoader, RayGGUFLoader): each actor builds its own MiniMax H3, which the other Apply nodes "
+                   "never reach; the fp16 choice is made on each actor's own GPU. Put it right after the loader.")
+    CATEGORY = CATEGORY
+    SEARCH_ALIASES = ["raylight fix", "ray actors fix", "multi gpu minimax fix", "minimax h3 multi gpu"]
+    RETURN_TYPES = ("RAY_ACTORS",)
+    FUNCTION = "apply"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"ray_actors": ("RAY_ACTORS", {
+            "tooltip": "raylight's actors from its diffusion-model loader; the output is the same actors, each "
+                       "actor's model with the fixes attached."})}}
+
+    def apply(self, ray_actors):
+        from ..registry.ray_actors import attach_in_every_actor  # imports Ray on the node's first run only
+
+        attach_in_every_actor(ray_actors)
+        return (ray_actors,)
+
+
 class MiniMaxHotfixStatus:
     DESCRIPTION = "Shows, for this ComfyUI, each MiniMax Hotfix fix's state: needed (this core has the bug), fixed " \
                   "upstream, not applicable, not affected, failed (its import, detection or target code broke) or " \
@@ -204,10 +226,11 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "MiniMaxHotfixApplyVAE": "Apply MiniMax Hotfix (VAE)",
     "MiniMaxHotfixApplyCLIP": "Apply MiniMax Hotfix (CLIP)",
     "MiniMaxHotfixApplyModel": "Apply MiniMax Hotfix (MODEL)",
+    "MiniMaxHotfixApplyRayActors": "Apply MiniMax Hotfix (Ray actors)",
     "MiniMaxHotfixStatus": "MiniMax Hotfix Status",
 }
 NODE_CLASS_MAPPINGS = {
     cls.__name__: cls
     for cls in (MiniMaxHotfixVAELoader, MiniMaxHotfixCLIPLoader, MiniMaxHotfixUNETLoader, MiniMaxHotfixApplyVAE,
-                MiniMaxHotfixApplyCLIP, MiniMaxHotfixApplyModel, MiniMaxHotfixStatus)
+                MiniMaxHotfixApplyCLIP, MiniMaxHotfixApplyModel, MiniMaxHotfixApplyRayActors, MiniMaxHotfixStatus)
 }

@@ -31,8 +31,8 @@ STARTUP_MODULES = ["__init__.py", "api.py", "contract/__init__.py", "contract/on
 # and transformers_qwen3vl_pos_embed, which loads with the first public call (LOAD makes it before the table is asked).
 PER_MODEL_FIXES = [name for name in pack_registry.fix_module_names()
                    if name not in patches.PROCESS_WIDE and name != api.TRANSFORMERS_QWEN3VL_POS_EMBED]
-NODE_IDS = ["MiniMaxHotfixApplyCLIP", "MiniMaxHotfixApplyModel", "MiniMaxHotfixApplyVAE", "MiniMaxHotfixCLIPLoader",
-            "MiniMaxHotfixStatus", "MiniMaxHotfixUNETLoader", "MiniMaxHotfixVAELoader"]
+NODE_IDS = ["MiniMaxHotfixApplyCLIP", "MiniMaxHotfixApplyModel", "MiniMaxHotfixApplyRayActors", "MiniMaxHotfixApplyVAE",
+            "MiniMaxHotfixCLIPLoader", "MiniMaxHotfixStatus", "MiniMaxHotfixUNETLoader", "MiniMaxHotfixVAELoader"]
 
 LOAD = """
 import asyncio, logging, os, sys

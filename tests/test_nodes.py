@@ -23,6 +23,7 @@ NODE_IDS = {
     "MiniMaxHotfixApplyVAE": None,
     "MiniMaxHotfixApplyCLIP": None,
     "MiniMaxHotfixApplyModel": None,
+    "MiniMaxHotfixApplyRayActors": None,
     "MiniMaxHotfixStatus": None,
 }
 
@@ -207,7 +208,8 @@ def not_models():
 
 
 @pytest.mark.parametrize("node_id,input_name", [("MiniMaxHotfixApplyModel", "model"), ("MiniMaxHotfixApplyCLIP", "clip"),
-                                                ("MiniMaxHotfixApplyVAE", "vae")])
+                                                ("MiniMaxHotfixApplyVAE", "vae"),
+                                                ("MiniMaxHotfixApplyRayActors", "ray_actors")])
 def test_apply_nodes_pass_on_what_is_no_comfyui_model_unchanged_with_one_log_line(comfy_nodes, node_id, input_name):
     from hypothesis import given, settings
 

@@ -17,6 +17,10 @@ export const RULES = {
     "VAE": [
       "MiniMaxHotfixApplyVAE",
       "vae"
+    ],
+    "RAY_ACTORS": [
+      "MiniMaxHotfixApplyRayActors",
+      "ray_actors"
     ]
   },
   "pack_node_prefix": "MiniMaxHotfix",
