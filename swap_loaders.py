@@ -70,7 +70,9 @@ ATTRIBUTION_KEYS = tuple(RULES["attribution_keys"])
 ORIGINAL_KEY = RULES["original_key"]
 INSERTED_KEY = RULES["inserted_key"]
 
-# API format carries no output types: the outputs of the loaders known to produce MODEL, CLIP or VAE.
+# raylight's diffusion-model loaders (multi-GPU MiniMax H3): Ray actors out, each actor with a model of its own
+RAYLIGHT_LOADERS = ("RayUNETLoader", "RayGGUFLoader")
+# API format carries no output types: the outputs of the loaders known to produce MODEL, CLIP or VAE (or Ray actors).
 API_LOADER_OUTPUTS = {
     "CheckpointLoaderSimple": ["MODEL", "CLIP", "VAE"],
     "CheckpointLoader": ["MODEL", "CLIP", "VAE"],
@@ -94,9 +96,7 @@ API_LOADER_OUTPUTS = {
     "TripleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
     "QuadrupleCLIPLoaderGGUFDynamicVRAM": ["CLIP"],
     "VAELoaderGGUF": ["VAE"],
-    # raylight (multi-GPU): its diffusion-model loaders hand on Ray actors, each with its own model
-    "RayUNETLoader": ["RAY_ACTORS"],
-    "RayGGUFLoader": ["RAY_ACTORS"],
+    **{name: ["RAY_ACTORS"] for name in RAYLIGHT_LOADERS},
 }
 
 

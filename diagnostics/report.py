@@ -15,6 +15,7 @@ from pathlib import Path
 from ..contract import Check, Fix, package_version
 from ..registry import all_fixes, attachment, status
 from ..registry.prompt_fixing import PROMPT_FIXING
+from ..registry.ray_actors import LAST_RUN
 from ..registry.status_table import machine_rows, retirement_rows, status_rows, status_table, text_table
 from . import self_test
 from .progress import progress
@@ -80,8 +81,10 @@ def environment() -> list[tuple[str, str, str | list[str] | None]]:
         ("comfy_kitchen", "comfy-kitchen", package_version("comfy-kitchen")),
         ("transformers", "transformers", package_version("transformers")),
         ("gguf", "gguf", package_version("gguf")),
+        ("ray", "ray (raylight's multi-GPU runtime)", package_version("ray")),
         ("devices", "devices", devices()),
         ("server_side_fixing", "server-side fixing", PROMPT_FIXING.describe()),
+        ("raylight", "raylight (multi-GPU)", LAST_RUN.describe()),
     ]
 
 

@@ -18,12 +18,38 @@ device (``own_patcher``: the actor's model is raylight's, loaded for this workfl
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from ..contract import log
 
 RUNTIME_PACKAGES = ("contract", "kernels", "patches", "registry")
 ACTOR_PACKAGE = "minimax_hotfix_in_actor"
+
+
+class LastRun:
+    """What the Apply node did in the actors the last time it ran, for the Status node and the doctor."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._reports: list[dict] | None = None
+
+    def record(self, reports: list[dict]) -> None:
+        with self._lock:
+            self._reports = reports
+
+    def describe(self) -> str:
+        with self._lock:
+            reports = self._reports
+        if reports is None:
+            return ("Apply MiniMax Hotfix (Ray actors) has not run in this ComfyUI: put it after raylight's "
+                    "RayUNETLoader / RayGGUFLoader (the swap does) for MiniMax H3 on several GPUs")
+        actors = "; ".join(f"{report['device']}: {', '.join(report['attached']) or 'nothing needed'}, H3 in "
+                           f"{report['compute_dtype'].removeprefix('torch.')}" for report in reports)
+        return f"last run: {len(reports)} Ray actor(s): {actors}"
+
+
+LAST_RUN = LastRun()
 
 
 def pack_sources() -> dict[str, str]:
@@ -77,6 +103,7 @@ def attach_in_every_actor(ray_actors) -> list[dict] | None:
     sources = pack_sources()
     reports = ray.get([worker.model_function_runner_get_values.remote(attach_in_actor, sources)
                        for worker in workers])
+    LAST_RUN.record(reports)
     for rank, report in enumerate(reports):
         log.info("MiniMax Hotfix: Ray actor %d (%s): attached %s; MiniMax H3 computes in %s there", rank,
                  report["device"], ", ".join(report["attached"]) or "no fix (none needed)",

@@ -8,6 +8,7 @@ import textwrap
 from ..contract import Fix, State
 from . import all_fixes, attachment, broken_modules, status
 from .prompt_fixing import PROMPT_FIXING
+from .ray_actors import LAST_RUN
 
 
 def status_rows(fixes: list[Fix] | None = None) -> list[tuple[str, str, str]]:
@@ -71,7 +72,8 @@ def status_table(width: int | None = None, fixes: list[Fix] | None = None) -> st
                 for fix_id, fixed_by, delete_when in retirement_rows(fixes)]
     table = text_table([(fix_id, state, attached.get(fix_id, "-"), reason) for fix_id, state, reason in rows],
                        ("fix", "state", "attached", "reason"), width)
-    table += "\n\n" + text_table([("server-side fixing", PROMPT_FIXING.describe())], width=width)
+    table += "\n\n" + text_table([("server-side fixing", PROMPT_FIXING.describe()),
+                                   ("raylight (multi-GPU)", LAST_RUN.describe())], width=width)
     machine = machine_rows(fixes)
     if machine:
         table += "\n\n" + text_table(machine, ("fix", "on this machine"), width)

@@ -156,6 +156,9 @@ def test_the_apply_node_attaches_the_fixes_in_every_actor(cluster, pack_nodes, c
     print(f"\nactors' injection keys: {reports}; |actor - this process| "
           f"{[(out - reference).abs().max().item() for out in fixed]}")
     assert all("minimax_hotfix.h3_fp16_overflow" in keys for keys in reports)
+    last_run = shipping_module(pack_nodes).LAST_RUN.describe()  # the Status node's and the doctor's raylight row
+    assert last_run.startswith(f"last run: {ACTORS} Ray actor(s): cpu: h3_fp16_overflow") \
+        and last_run.count("H3 in float16") == ACTORS, last_run
     assert torch.isfinite(reference).all()
     assert all(torch.equal(out, reference) for out in fixed)
     for actor in actors:

@@ -19,6 +19,7 @@ import pytest
 import tomllib
 
 import swap_loaders as command_line  # tools/swap_loaders.py (tests/conftest.py puts tools/ on the path)
+from hotfix_testing import raylight_source
 from hotfix_testing.user_workflows import music3_checkpoint, music3_gguf
 from hotfix_testing.workflow_fuzzing import minimax_templates
 from minimax_hotfix import swap_loaders
@@ -686,3 +687,39 @@ def test_a_new_file_gets_the_mode_every_new_file_gets(tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE((tmp_path / "out.json").stat().st_mode) == 0o640
+
+
+# ---- raylight (multi-GPU MiniMax H3): its loaders hand on Ray actors ----
+
+needs_raylight = pytest.mark.skipif(not raylight_source.available(), reason="needs ../shared/raylight (raylight's source)")
+
+
+@needs_raylight
+def test_the_raylight_loaders_of_the_table_are_raylights_ray_actor_loaders():
+    """The API-format table gives raylight 1.9.0's diffusion-model loaders the outputs their code declares (ComfyUI's
+    test server has no raylight to ask, as it has for the core loaders)."""
+    returns = raylight_source.node_return_types()
+    assert {name: returns[name] for name in swap_loaders.RAYLIGHT_LOADERS} == {
+        name: swap_loaders.API_LOADER_OUTPUTS[name] for name in swap_loaders.RAYLIGHT_LOADERS}
+
+
+@needs_raylight
+@pytest.mark.parametrize("name", ["Minimax_H3_I2V_Raylight.json", "Minimax_H3_REF2VA_Raylight.json"])
+def test_raylights_minimax_h3_workflows_get_the_ray_actors_apply_node_after_its_loader(name):
+    """raylight's own MiniMax H3 example workflows: the Apply (Ray actors) node goes right after RayUNETLoader, every
+    node that took its actors takes them from the Apply node, and the reverse gives the original back exactly. Red
+    control: without the rule for RAY_ACTORS nothing reaches the actors."""
+    original = json.loads((raylight_source.RAYLIGHT / "example_workflows" / name).read_text(encoding="utf-8"))
+    swapped = copy.deepcopy(original)
+    changes = swap_loaders.swap(swapped)
+    inserted = [(apply_node["type"], after["type"]) for apply_node, after in changes.inserted]
+    assert inserted == [("MiniMaxHotfixApplyRayActors", "RayUNETLoader")]
+    assert_rewired(original, swapped)
+    swap_loaders.swap(swapped, reverse=True)
+    assert json.dumps(swapped) == json.dumps(original)
+
+    without_rule = {io_type: entry for io_type, entry in swap_loaders.APPLY_NODE.items() if io_type != "RAY_ACTORS"}
+    unfixed = copy.deepcopy(original)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(swap_loaders, "APPLY_NODE", without_rule)
+        assert not swap_loaders.swap(unfixed).inserted

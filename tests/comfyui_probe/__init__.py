@@ -29,6 +29,10 @@
   (benchmarks/gpu_check.py).
 * With ``PINNED_FREE_MEMORY_ENV`` set, ComfyUI reads the GPU's free memory as if the server were alone on it
   (tests/hotfix_testing/pinned_free_memory.py), so that the GPU check's servers side by side keep their budgets.
+* ``POST /probe/apply_model_chooses_on_its_input`` ``{"on": bool}``: on, the pack's ``MiniMaxHotfixApplyModel`` also
+  makes the fixes' load-time choices (``Fix.on_own_patcher``: H3's compute dtype) on the patcher it is handed, the
+  upstream loader's cached one, as a pack that sets the dtype on its input does; off, the node as shipped. The red
+  control of the cached-patcher sequence (tests/test_h3_fp16_on_device.py).
 """
 
 import asyncio
@@ -37,6 +41,7 @@ import functools
 import gc
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -233,6 +238,27 @@ async def trace(request):
     if on:
         TRACE["hook"] = torch.nn.modules.module.register_module_forward_hook(_fingerprint)
     return web.json_response({"calls": calls})
+
+
+@server.PromptServer.instance.routes.post("/probe/apply_model_chooses_on_its_input")
+async def apply_model_chooses_on_its_input(request):
+    import nodes
+
+    on = bool((await request.json())["on"])
+    node = nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyModel"]
+    if "apply" in vars(node):  # the probe's: the node's own is its base class's
+        delattr(node, "apply")
+    if on:
+        registry = sys.modules[node.__module__].registry
+        shipped = node.apply
+
+        def apply_choosing_on_its_input(self, **inputs):
+            for fix in registry.fixes_for(self.TARGET):
+                fix.on_own_patcher(inputs[self.TARGET.value])
+            return shipped(self, **inputs)
+
+        node.apply = apply_choosing_on_its_input
+    return web.json_response({"on": on})
 
 
 NODE_CLASS_MAPPINGS = {"TestProbeSaveTensors": TestProbeSaveTensors, "TestProbeFixedLatent": TestProbeFixedLatent}

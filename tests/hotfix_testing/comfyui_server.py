@@ -105,7 +105,7 @@ class CudaDevice:
 
 
 # nodes of packs the test ComfyUI lacks, defined by the tests (tests/comfyui_gguf_stand_in: ComfyUI-GGUF's loaders)
-STAND_INS = {"CLIPLoaderGGUF", "CLIPLoaderGGUFDynamicVRAM"}
+STAND_INS = {"CLIPLoaderGGUF", "CLIPLoaderGGUFDynamicVRAM", "UnetLoaderGGUF"}
 GGUF_STAND_IN = Path(__file__).resolve().parents[1] / "comfyui_gguf_stand_in"
 
 

@@ -138,13 +138,16 @@ def fix_lines_of(log_text: str) -> list[str]:
 
 
 def run(server, workflow: dict, tag: str, total_mb: float | None = None, make_prompt=h3_prompt,
-        probes=H3_PROBES, current_device: int = 0) -> dict:
+        probes=H3_PROBES, current_device: int = 0, fresh: bool = True) -> dict:
     """Queues ``make_prompt(workflow)`` (H3: tiny canvas, the tiny real text encoder, probes) on ``server`` at
     ``total_mb`` with models on ``npu:current_device``; returns its outcome, the probe tensors, the loads and fix
-    lines of its log, its host-to-device copies."""
+    lines of its log, its host-to-device copies. ``fresh``: every model unloaded and ComfyUI's node cache cleared
+    first; else the models and the node outputs of the last prompt stay, as between a user's two runs in a server
+    that caches."""
     url, object_info, base = server
     log = base / "comfyui.log"
-    unload_models(url)
+    if fresh:
+        unload_models(url)
     if total_mb is not None:
         http(url + "/simulated_device", {"total_mb": total_mb, "current_device": current_device,
                                          "vbar_mb": total_mb - RESERVE_MB, "reset_counters": True})

@@ -17,7 +17,8 @@ the file, in the folder's ``TINY_CONFIGS_FILE``, which the probe applies over ``
 ``write_vision_tower_models`` writes what the H3 reference-to-video conditioning loads into a folder of its own, the
 text encoder with wider MLPs (``VISION_TOWER_TINY_CONFIGS``), so that a budget splits it.
 ``write_h3_fp16_models`` writes the H3 models with a DiT whose activations leave fp16's range as the real model's do
-(``H3_FP16_TINY_DIT``, ``h3_fp16_overflow_dit``) into a folder of its own.
+(``H3_FP16_TINY_DIT``, ``h3_fp16_overflow_dit``) into a folder of its own, with that DiT's Q8_0 GGUF form and its int8
+ConvRot form (``H3_FP16_INT8_TINY_DIT``, 256 wide for ConvRot's groups) beside it.
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ H3_FP16_TINY_DIT = {**H3_TINY_DIT, "hidden_size": 128, "num_attention_heads": 4}
 # row reads that channel, scaled so that a typical token reaches the real model's peak.
 TINY_ENCODER_NEGATIVE_CHANNEL = 22
 TINY_ENCODER_TYPICAL_VALUE = -9.0
+# The other forms of that DiT users load: a Q8_0 GGUF (ComfyUI-GGUF's UnetLoaderGGUF), and the int8 ConvRot file of
+# the official name, 256 wide (ConvRot rotates groups of 256 input features), in a folder of its own: the bundled
+# workflow keeps the bfloat16 DiT under that name
+H3_FP16_GGUF_FILE = "minimax_h3_fl2va_Q8_0.gguf"
+H3_FP16_INT8_TINY_DIT = {**H3_FP16_TINY_DIT, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 512}
+H3_FP16_INT8_DIT_FILE = f"int8_convrot/{H3_DIT_FILES[0]}"
 
 
 def tiny_configs_of(models_dir: Path | None) -> dict:
@@ -337,23 +344,46 @@ def write_vision_tower_models(models_dir: Path) -> None:
     save_model(models_dir, "vae", H3_AUDIO_VAE_FILE, h3_audio_vae(generator))
 
 
-def h3_fp16_overflow_dit() -> dict:
-    """The ``H3_FP16_TINY_DIT`` state of ``kernels/h3_fp16.py``'s ``tiny_h3_state`` with its overflow structure (the
+def h3_fp16_overflow_dit(config: dict = H3_FP16_TINY_DIT) -> dict:
+    """The ``config`` state of ``kernels/h3_fp16.py``'s ``tiny_h3_state`` with its overflow structure (the
     attention sink grown block by block, branch outputs past fp16's range), condition_proj's massive row reading the
     tiny encoder's ``TINY_ENCODER_NEGATIVE_CHANNEL``, so that its output on the text rows exceeds fp16's range as
     the real model's does (about 96k). bfloat16, as the real file; every weight inside fp16's range."""
     from minimax_hotfix.kernels.h3_fp16 import CONDITION_PROJ_PEAK, tiny_h3_state
 
-    state = tiny_h3_state(h3_dit_model(H3_FP16_TINY_DIT), overflow=True)
+    state = tiny_h3_state(h3_dit_model(config), overflow=True)
     massive_row = state["condition_proj.weight"][0]
     massive_row.zero_()
     massive_row[TINY_ENCODER_NEGATIVE_CHANNEL] = CONDITION_PROJ_PEAK / TINY_ENCODER_TYPICAL_VALUE
     return {key: value.to(torch.bfloat16) for key, value in state.items()}
 
 
+def h3_fp16_overflow_gguf(path: Path, state: dict) -> None:
+    """The DiT ``state`` as ComfyUI-GGUF's Q8_0 files hold a DiT: matrices Q8_0 (blocks of 32 input features), the
+    other tensors F32."""
+    import gguf
+
+    from hotfix_testing.ggml_layout import write_gguf
+
+    types = gguf.GGMLQuantizationType
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_gguf(path, {name: (tensor, types.Q8_0 if tensor.ndim == 2 and tensor.shape[1] % 32 == 0 else types.F32)
+                      for name, tensor in state.items()})
+
+
+def h3_fp16_overflow_int8_dit() -> dict:
+    """``h3_fp16_overflow_dit`` at ``H3_FP16_INT8_TINY_DIT`` as the official ``*_int8_convrot`` file holds it: every
+    Linear whose input features ConvRot's groups divide int8 ConvRot (ComfyUI computes those through its
+    mixed-precision ops)."""
+    model = h3_dit_model(H3_FP16_INT8_TINY_DIT)
+    quantized, _ = int8_convrot(model, h3_fp16_overflow_dit(H3_FP16_INT8_TINY_DIT), rotatable_linears(model))
+    return quantized
+
+
 def write_h3_fp16_models(models_dir: Path, loras: frozenset[str] = frozenset()) -> None:
-    """The H3 models of ``write_models`` with ``h3_fp16_overflow_dit`` under the DiT file names, and LoRAs without
-    weights under ``loras`` (the official templates' names)."""
+    """The H3 models of ``write_models`` with ``h3_fp16_overflow_dit`` under the DiT file names, its Q8_0 GGUF
+    (``H3_FP16_GGUF_FILE``) and its int8 ConvRot form (``H3_FP16_INT8_DIT_FILE``), and LoRAs without weights under
+    ``loras`` (the official templates' names)."""
     generator = torch.Generator().manual_seed(SEED)
     save_model(models_dir, "text_encoders", H3_TEXT_ENCODER_FILE, h3_text_encoder(generator))
     save_model(models_dir, "vae", H3_VIDEO_VAE_FILE, h3_video_vae(generator))
@@ -361,6 +391,8 @@ def write_h3_fp16_models(models_dir: Path, loras: frozenset[str] = frozenset()) 
     dit = h3_fp16_overflow_dit()
     for name in H3_DIT_FILES:
         save_model(models_dir, "diffusion_models", name, dit)
+    h3_fp16_overflow_gguf(models_dir / "diffusion_models" / H3_FP16_GGUF_FILE, dit)
+    save_model(models_dir, "diffusion_models", H3_FP16_INT8_DIT_FILE, h3_fp16_overflow_int8_dit())
     for name in loras:
         write_empty_lora(models_dir / "loras" / name)
 
