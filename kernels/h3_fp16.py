@@ -134,11 +134,13 @@ def refiner_block_fp32_stream(block, stream, compute, transformer_options, scale
     return out.to(torch.float32).mul_(scale).add_(stream)
 
 
-def token_refiner_fp32_stream(refiner, x, compute, transformer_options, scale: float = BRANCH_RESCALE):
-    """H3's ``TokenRefiner`` with its residual in fp32; its output, normalized, in ``compute``."""
+def token_refiner_fp32_stream(refiner, x, compute, transformer_options):
+    """H3's ``TokenRefiner`` with its residual in fp32; its output, normalized, in ``compute``. Each block is called
+    as a module, so that its own hooks run (FSDP unshards a sharded block's weights in one: raylight shards every
+    block), and its override (``_refiner_block_forward``) carries the fp32 stream."""
     stream = x.to(torch.float32)
     for block in refiner.blocks:
-        stream = refiner_block_fp32_stream(block, stream, compute, transformer_options, scale)
+        stream = block(stream, transformer_options=transformer_options)
     return norm_fp32(refiner.final_norm, stream).to(compute)
 
 
@@ -152,7 +154,13 @@ def is_h3_dit(module) -> bool:
 
 
 def helpers_of(block):
-    """The module defining ``block``'s class: its ``_mod_scale_shift`` and ``_mod_gate``."""
+    """The module defining ``block``'s class (its ``_mod_scale_shift`` and ``_mod_gate``): the first class of its MRO
+    whose module has them, as FSDP's ``fully_shard`` (raylight's weight sharding) swaps the block's class for a
+    subclass of its own, defined in torch's module."""
+    for cls in type(block).__mro__:
+        module = inspect.getmodule(cls)
+        if hasattr(module, "_mod_scale_shift") and hasattr(module, "_mod_gate"):
+            return module
     return inspect.getmodule(type(block))
 
 
@@ -257,6 +265,16 @@ def _refiner_forward(refiner, stock):
     return forward
 
 
+def _refiner_block_forward(block, stock):
+    def forward(x, transformer_options=None):
+        transformer_options = {} if transformer_options is None else transformer_options
+        compute = fp32_stream_compute()
+        if compute is None:
+            return stock(x, transformer_options=transformer_options)
+        return refiner_block_fp32_stream(block, x, compute, transformer_options)
+    return forward
+
+
 def _fp32_when_streaming(module, stock, fp32):
     def forward(x, *args, **kwargs):
         if fp32_stream_compute() is None or args or kwargs:
@@ -279,7 +297,9 @@ def fp32_stream_forwards(dit, switched_off, net=None) -> list[tuple]:
         forwards.append((dit, "preprocess_text_embeds",
                          _entry_point(dit.preprocess_text_embeds, ("text_states",), switched_off, net,
                                       keep_output_dtypes=True)))
-    return forwards + [(block, "forward", _block_forward(block, block.forward)) for block in dit.blocks]
+    return (forwards + [(block, "forward", _refiner_block_forward(block, block.forward))
+                        for block in dit.token_refiner.blocks]
+            + [(block, "forward", _block_forward(block, block.forward)) for block in dit.blocks])
 
 
 def rescale_hooks(dit) -> list:
