@@ -23,9 +23,11 @@ shared_comfyui="$root/../shared/comfyui/0.33.0"
 # torchvision beside another torch fails at import (torchvision::nms). No torchaudio matches torch 2.14: 2.11.x
 # imports and runs ComfyUI's basic audio ops, installed without its torch pin.
 comfy_torch="torch==2.14.1 torchvision==0.29.1"
-# Installed without their dependencies: this torchaudio pins an older torch, and the official templates the swap-tool
-# tests read are newer than the templates package of ComfyUI's requirements pins.
-comfy_no_deps="torchaudio==2.11.* $(grep -m1 '^comfyui-workflow-templates-json==' tests/requirements.txt)"
+# Installed without their dependencies: this torchaudio pins an older torch, the official templates the swap-tool
+# tests read are newer than the templates package of ComfyUI's requirements pins, and raylight's parallel attention
+# (tests/test_raylight_usp.py) needs only xfuser's distributed and attention files and yunchang, not xfuser's
+# pipelines (diffusers and more); 0.4.5 is the xfuser raylight 1.9.0's minimal loader fits.
+comfy_no_deps="torchaudio==2.11.* $(grep -m1 '^comfyui-workflow-templates-json==' tests/requirements.txt) xfuser==0.4.5 yunchang==0.6.4"
 # A newer comfy-kitchen beside ComfyUI's pinned one, for the tests that read a fix on it (its folder first on the
 # path): 0.2.36 is the first that answers flash_attention_decode_is_available for a non-CUDA device itself.
 comfy_kitchen_overlay="comfy-kitchen==0.2.36"
