@@ -1,14 +1,14 @@
 """The pack's fixes inside raylight's Ray actors (registry/ray_actors.py), on a local Ray cluster of CPU actors.
 
-What runs for real: Ray (PyPI's ``ray``, its own cloudpickle, actor processes that import neither the pack nor this
-file's folder), the pack loaded the way ComfyUI loads a custom node (its modules named by its folder's path), the
-Apply node, ComfyUI 0.33.0's ``comfy.sd.load_diffusion_model`` in each actor (what raylight's ``RayWorker.load_unet``
-calls) and MiniMax H3's DiT. Stand-in: the actor class, ``RayWorkerStandIn``, because raylight's ``RayWorker``
-needs a CUDA device and NCCL in its constructor; it keeps what the pack meets of it: ``self.model``, the actor's own
-ModelPatcher, and the hook ``model_function_runner_get_values(fn, *args)`` = ``fn(self.model, *args)``.
+What runs for real: Ray (PyPI's ``ray``: its cloudpickle, actor processes whose runtime environment holds raylight and
+ComfyUI's root, not the pack nor this file's folder), raylight's own code (a copy of ``../shared/raylight``):
+``RayWorker.load_unet`` (its non-FSDP path, as ``RayUNETLoader`` calls it), its hooks ``model_function_runner`` and
+``model_function_runner_get_values``, its ``ray_patch`` decorator through its ``RayModelComputeDtype`` node (which
+forces each actor's H3 into fp16, as a user without bf16 would), the pack loaded the way ComfyUI loads a custom node
+(its modules named by its folder's path) and its Apply node, ComfyUI 0.33.0 in each actor and MiniMax H3's DiT.
+Stand-in: ``RayWorker``'s constructor, which needs a CUDA device and opens an NCCL group: ``RaylightWorker`` builds a
+RayWorker without it, sets the fields its load path reads, and hands each call to raylight's own method.
 
-Each actor's H3 is the tiny overflowing one (kernels/h3_fp16.py) forced into fp16, as raylight's
-RayModelComputeDtype node or ``--fp16-unet`` forces it (this CPU has no bf16 rule to make the pack's own choice).
 Red controls: without the Apply node an actor's fp16 H3 gives NaN; pickled by reference (no
 ``register_pickle_by_value``), the pack's function fails in a fresh actor with ModuleNotFoundError.
 """
@@ -23,27 +23,48 @@ from pathlib import Path
 import pytest
 import torch
 
+from hotfix_testing import raylight_source
+
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.skipif(not raylight_source.available(), reason="needs ../shared/raylight (raylight's source)")
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTORS = 2
+# what RayWorker.load_unet reads of a worker that RayInitializer set up for plain (non-FSDP, non-xDiT) sharing
+NON_FSDP_WORKER = {"model": None, "state_dict": None, "vae_model": None, "cached_controlnet": None, "lora_list": None,
+                   "cached_base_model": None, "cached_base_key": None, "active_request_key": None,
+                   "overwrite_cast_dtype": None, "is_model_loaded": False, "local_rank": 0, "xfuser_parallel": None,
+                   "parallel_dict": {"is_fsdp": False, "is_xdit": False, "use_mmap": False, "is_quant": False,
+                                     "pipefusion_enabled": False}}
 
 
-class RayWorkerStandIn:
-    """raylight's RayWorker as the pack meets it (see the module docstring)."""
+class RaylightWorker:
+    """raylight's RayWorker without its constructor (see the module docstring); every call is raylight's method."""
 
-    def __init__(self, comfyui: str, dit_file: str):
-        sys.path.insert(0, comfyui)
-        from comfy.cli_args import args
+    def __init__(self, dit_file: str):
+        from raylight.distributed_worker.ray_worker import RayWorker
 
-        args.cpu = True
-        import comfy.sd
+        self.worker = RayWorker.__new__(RayWorker)
+        vars(self.worker).update(NON_FSDP_WORKER)
+        self.worker.load_unet(dit_file, {})
 
-        self.model = comfy.sd.load_diffusion_model(dit_file)  # as RayWorker.load_unet loads it
-        self.model.set_model_compute_dtype(torch.float16)
+    def model_function_runner(self, fn, *args, **kwargs):
+        return self.worker.model_function_runner(fn, *args, **kwargs)
 
-    def model_function_runner_get_values(self, fn, *args, **kwargs):  # raylight's hook, as ray_worker.py has it
-        return fn(self.model, *args, **kwargs)
+    def model_function_runner_get_values(self, fn, *args, **kwargs):
+        return self.worker.model_function_runner_get_values(fn, *args, **kwargs)
+
+
+def in_cpu_mode():
+    """Each Ray worker process, before any actor: ComfyUI in CPU mode (no GPU here), as the tests' own ComfyUI. Ray
+    puts the driver's folder on its workers' path; a user's is ComfyUI's root, this run's the pack's, whose ``nodes``
+    package would stand in for ComfyUI's ``nodes`` module (which raylight's nodes import): ComfyUI's is imported
+    first, with the pack's folder off the path."""
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != ROOT]
+    from comfy.cli_args import args
+
+    args.cpu = True
+    importlib.import_module("nodes")
 
 
 def run_dit(patcher, inputs: dict) -> torch.Tensor:
@@ -86,20 +107,30 @@ def dit_file(comfyui, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A local Ray cluster of CPU actors; this test module goes to them by value (they cannot import it)."""
+def raylight(comfyui, tmp_path_factory) -> Path:
+    """raylight copied into a folder of its own, importable here (its nodes run in this process, as in ComfyUI's)."""
+    folder = raylight_source.copy_package(tmp_path_factory.mktemp("raylight"))
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def cluster(comfyui, raylight):
+    """A local Ray cluster of CPU actors whose runtime environment holds raylight and ComfyUI's root; this test
+    module goes to them by value (they cannot import it)."""
     from ray import cloudpickle
 
-    ray.init(num_cpus=ACTORS + 1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ""}})
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=ACTORS + 1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": f"{raylight}:{comfyui}"}, "worker_process_setup_hook": in_cpu_mode})
     yield
     ray.shutdown()
 
 
-def start_actors(count: int, comfyui: str, dit_file: Path) -> list:
-    worker = ray.remote(num_cpus=1)(RayWorkerStandIn)
-    return [worker.remote(comfyui, str(dit_file)) for _ in range(count)]
+def start_actors(count: int, dit_file: Path) -> list:
+    worker = ray.remote(num_cpus=1)(RaylightWorker)
+    return [worker.remote(str(dit_file)) for _ in range(count)]
 
 
 def actor_outputs(actors: list, inputs: dict) -> list[torch.Tensor]:
@@ -112,7 +143,7 @@ def shipping_module(pack_nodes):
     return importlib.import_module(f"{package}.registry.ray_actors")
 
 
-def test_a_fresh_actor_cannot_import_the_pack_by_reference(cluster, pack_nodes, comfyui, dit_file):
+def test_a_fresh_actor_cannot_import_the_pack_by_reference(cluster, pack_nodes, dit_file):
     """Red control of the pickling: ComfyUI names the pack's modules by its folder's path, so the function that
     attaches the fixes, pickled by reference, fails to import in an actor."""
     from ray import cloudpickle
@@ -121,7 +152,7 @@ def test_a_fresh_actor_cannot_import_the_pack_by_reference(cluster, pack_nodes, 
     assert shipping.__name__.startswith(str(ROOT))  # a module named by the pack's path
     if shipping.__name__ in cloudpickle.list_registry_pickle_by_value():
         cloudpickle.unregister_pickle_by_value(shipping)
-    (actor,) = start_actors(1, comfyui, dit_file)
+    (actor,) = start_actors(1, dit_file)
     with pytest.raises(ray.exceptions.RayTaskError) as raised:
         ray.get(actor.model_function_runner_get_values.remote(shipping.attach_in_actor, shipping.pack_sources()))
     print(f"\nby reference, in a fresh actor: {str(raised.value).splitlines()[-1]}")
@@ -129,21 +160,23 @@ def test_a_fresh_actor_cannot_import_the_pack_by_reference(cluster, pack_nodes, 
     ray.kill(actor)
 
 
-def test_the_apply_node_attaches_the_fixes_in_every_actor(cluster, pack_nodes, comfyui, dit_file):
+def test_the_apply_node_attaches_the_fixes_in_every_actor(cluster, pack_nodes, dit_file):
     """Red: each actor's fp16 H3 gives NaN before the Apply node. Green: after it, every actor reports the fixes
     attached and its output equals the same DiT file run in this process through the pack's Apply node, bit for
     bit (same CPU, same code)."""
     import comfy.sd
+    from raylight.comfy_extra_dist.nodes_model_advanced import RayModelComputeDtype
 
     from minimax_hotfix.kernels.h3_fp16 import tiny_h3_inputs
 
     inputs = tiny_h3_inputs(torch.float32)
-    actors = start_actors(ACTORS, comfyui, dit_file)
+    actors = start_actors(ACTORS, dit_file)
+    ray_actors = {"workers": actors}
+    assert RayModelComputeDtype().patch(ray_actors, "fp16") == (ray_actors,)  # raylight's node: fp16 in every actor
     stock = actor_outputs(actors, inputs)
     assert all(not torch.isfinite(out).all() for out in stock), "the actors' fp16 H3 came out finite without the pack"
 
     node = pack_nodes.NODE_CLASS_MAPPINGS["MiniMaxHotfixApplyRayActors"]()
-    ray_actors = {"workers": actors}
     assert node.apply(ray_actors=ray_actors) == (ray_actors,)
     reports = ray.get([actor.model_function_runner_get_values.remote(
         lambda patcher: sorted(patcher.injections)) for actor in actors])
