@@ -201,6 +201,28 @@ def test_comfyui_gguf_dynamic_vram_loaders_get_their_apply_node(monkeypatch, loa
     assert not changes and "output types are unknown in API format" in changes.warnings[0]
 
 
+def raylight_h3_prompt(loader: str) -> dict:
+    """raylight's MiniMax H3 prompt in API form, as its example workflows have it: Ray actors from ``loader`` into its
+    parallel sampler (the text encoder and VAEs on stock loaders)."""
+    return {"1": {"class_type": "RayInitializer", "inputs": {"GPU": 2, "ulysses_degree": 2}},
+            "2": {"class_type": loader, "inputs": {"unet_name": "minimax_h3_fl2va_pruned_int8_convrot.safetensors",
+                                                   "weight_dtype": "default", "ray_actors_init": ["1", 0]}},
+            "3": {"class_type": "XFuserSamplerCustomAdvanced", "inputs": {"ray_actors": ["2", 0], "noise": ["9", 0]}}}
+
+
+@pytest.mark.parametrize("loader", ["RayUNETLoader", "RayGGUFLoader"])
+def test_raylights_loaders_get_the_ray_actors_apply_node(monkeypatch, loader):
+    """Every prompt on the server: raylight's actors reach its sampler through the Apply (Ray actors) node, so the
+    pack's fixes reach every actor's model. Red control: without the table entry, only the warning."""
+    monkeypatch.delenv(FIX_EVERY_PROMPT_ENV, raising=False)
+    fixed = PromptFixing().fixed_body(body(raylight_h3_prompt(loader)), True)["prompt"]
+    assert fixed["3"]["inputs"]["ray_actors"] == ["4", 0]
+    assert fixed["4"]["class_type"] == "MiniMaxHotfixApplyRayActors" and fixed["4"]["inputs"]["ray_actors"] == ["2", 0]
+    monkeypatch.delitem(swap_loaders.API_LOADER_OUTPUTS, loader)
+    changes = swap_loaders.swap_api(raylight_h3_prompt(loader))
+    assert not changes.inserted and "output types are unknown in API format" in changes.warnings[0]
+
+
 class ThirdPartyCLIPLoader:  # a multi-GPU subclass of a GGUF loader, say: a type no table names
     RETURN_TYPES = ("CLIP",)
 

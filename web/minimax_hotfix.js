@@ -17,7 +17,8 @@ const NOT_ONE_UNDO_STEP = "this frontend's undo history could not be reached, so
   + "to go back, use \"Undo MiniMax Hotfix in this workflow (back to stock loaders)\"";
 
 function applyType(node) {
-  // The Apply node type this node's outputs need, or null: an output of MODEL/CLIP/VAE without an input of that type.
+  // The Apply node type this node's outputs need, or null: an output of MODEL/CLIP/VAE (or raylight's RAY_ACTORS)
+  // without an input of that type.
   const type = node.type ?? node.constructor?.comfyClass;
   if (!type || type in RULES.stock_to_pack || type.startsWith(RULES.pack_node_prefix)) return null;
   if (RULES.pass_through_types.includes(type) || node.isSubgraphNode?.()) return null;
