@@ -137,7 +137,7 @@ def refiner_block_fp32_stream(block, stream, compute, transformer_options, scale
 def token_refiner_fp32_stream(refiner, x, compute, transformer_options):
     """H3's ``TokenRefiner`` with its residual in fp32; its output, normalized, in ``compute``. Each block is called
     as a module, so that its own hooks run (FSDP unshards a sharded block's weights in one: raylight shards every
-    block), and its override (``_refiner_block_forward``) carries the fp32 stream."""
+    block), and its override (``_refiner_forward`` with ``refiner_block_fp32_stream``) carries the fp32 stream."""
     stream = x.to(torch.float32)
     for block in refiner.blocks:
         stream = block(stream, transformer_options=transformer_options)
@@ -255,23 +255,15 @@ def _block_forward(block, stock):
     return forward
 
 
-def _refiner_forward(refiner, stock):
+def _refiner_forward(module, stock, fp32_stream):
+    """The token refiner's or one of its blocks' ``forward``: ``fp32_stream(module, x, compute, transformer_options)``
+    in an fp32-stream call, ``stock`` otherwise."""
     def forward(x, transformer_options=None):
         transformer_options = {} if transformer_options is None else transformer_options
         compute = fp32_stream_compute()
         if compute is None:
             return stock(x, transformer_options=transformer_options)
-        return token_refiner_fp32_stream(refiner, x, compute, transformer_options)
-    return forward
-
-
-def _refiner_block_forward(block, stock):
-    def forward(x, transformer_options=None):
-        transformer_options = {} if transformer_options is None else transformer_options
-        compute = fp32_stream_compute()
-        if compute is None:
-            return stock(x, transformer_options=transformer_options)
-        return refiner_block_fp32_stream(block, x, compute, transformer_options)
+        return fp32_stream(module, x, compute, transformer_options)
     return forward
 
 
@@ -291,13 +283,14 @@ def fp32_stream_forwards(dit, switched_off, net=None) -> list[tuple]:
     forwards = [(dit, "forward", _entry_point(dit.forward, ("x", "timestep", "context"), switched_off, net)),
                 (dit.condition_proj, "forward",
                  _fp32_when_streaming(dit.condition_proj, dit.condition_proj.forward, linear_fp32)),
-                (dit.token_refiner, "forward", _refiner_forward(dit.token_refiner, dit.token_refiner.forward)),
+                (dit.token_refiner, "forward",
+                 _refiner_forward(dit.token_refiner, dit.token_refiner.forward, token_refiner_fp32_stream)),
                 (norm, "forward", _fp32_when_streaming(norm, norm.forward, norm_fp32))]
     if hasattr(dit, "preprocess_text_embeds"):
         forwards.append((dit, "preprocess_text_embeds",
                          _entry_point(dit.preprocess_text_embeds, ("text_states",), switched_off, net,
                                       keep_output_dtypes=True)))
-    return (forwards + [(block, "forward", _refiner_block_forward(block, block.forward))
+    return (forwards + [(block, "forward", _refiner_forward(block, block.forward, refiner_block_fp32_stream))
                         for block in dit.token_refiner.blocks]
             + [(block, "forward", _block_forward(block, block.forward)) for block in dit.blocks])
 
