@@ -24,33 +24,24 @@ Off switch: ``MINIMAX_HOTFIX_DISABLE=h3_fp16_overflow`` (read on every DiT call,
 
 Delete when: no supported core's tiny-H3 check overflows (every one reads "fixed upstream").
 
-How: attached by the pack's diffusion-model loader and Apply node (and server-side fixing, which inserts them) as an
-injection. After each load it gives the DiT instance attributes, all inert unless the call computes in fp16
-(kernels/h3_fp16.py does the arithmetic):
-``forward`` and ``preprocess_text_embeds`` (the two entry points) mark an fp16 call; then ``condition_proj``
-computes in fp32, the token refiner and every DiT block carry the residual in fp32 with fp16 branches, the final
-norm takes the fp32 stream, and hooks on each ``out_proj`` and ``fc1`` rescale the branch outputs by a power of
-two. In bf16 and fp32 every override calls the model's own code: outputs are bit for bit stock.
-The safety net: each fp16 call's outputs are checked for finiteness on the device and read back once per call (no
-block adds a host sync); a call whose activations left even the rescaled range runs again in fp32, and the log says
-so once per prompt (``SafetyNet``; the Status node says whether it tripped in the last run).
-The pack's loader and Apply node also let ComfyUI pick fp16 where it is safe now (``choose_fp16``), on the pack's own
-patcher (the loader's, or the Apply node's clone: never the patcher another loader caches, which would keep fp16
-without the fix once the Apply node is gone): on a device where ComfyUI's own ``should_use_fp16`` says yes,
-``should_use_bf16`` says no and the device computes fp16 at full rate (NVIDIA: compute capability 7.0 or newer;
-Pascal's fp16 runs at 1/64 rate), an H3 that ComfyUI would compute in fp32 gets fp16 as its compute dtype
-(``set_model_compute_dtype``, the patcher's own switch, as the ModelComputeDtype node uses it). ``--fp32-unet`` (or
-``--force-fp32``) keeps fp32.
+How (docs/h3_fp16_overflow.md): an injection (the pack's loader, Apply nodes, server-side fixing, raylight's actors)
+gives the DiT instance attributes, inert unless the call computes in fp16 (kernels/h3_fp16.py): ``forward`` and
+``preprocess_text_embeds`` mark an fp16 call; ``condition_proj`` computes in fp32, the refiner and blocks carry the
+residual in fp32 with fp16 branches, hooks on ``out_proj`` / ``fc1`` rescale branch outputs by a power of two; a
+safety net reads each fp16 call's finiteness once and runs a call past the rescale again in fp32 (``SafetyNet``).
+In bf16 and fp32 every override calls the model's own code. ``choose_fp16`` lets ComfyUI compute H3 in fp16 where
+it alone picks fp32 for want of bf16 and fp16 is fast (``fp16_instead_of_fp32``), on the pack's own patcher (the
+loader's, or an Apply node's clone, never the patcher another loader caches); ``--fp32-unet`` keeps fp32.
 """
 
 from __future__ import annotations
 
 import inspect
-import threading
 
 import torch
 
 from ..contract import AttributeOverride, Fix, Retirement, State, Status, Target, error_line, log, remove_handles
+from ..contract.comfy import PromptRecord, checkpoint_compute_dtype, compute_dtype, fp16_instead_of_fp32
 from ..kernels.h3_fp16 import (
     DIT_PARTS,
     fp32_stream_forwards,
@@ -72,36 +63,11 @@ def hook_dit(dit, fix: H3Fp16Overflow, net: bool = True) -> list:
     return overrides + rescale_hooks(dit)
 
 
-def running_prompt() -> str | None:
-    """The id of the prompt ComfyUI is executing in this thread (None outside one, or on a core without it)."""
-    try:
-        from comfy_execution.utils import get_executing_context
-    except ImportError:
-        return None
-    context = get_executing_context()
-    return getattr(context, "prompt_id", None)
-
-
-class SafetyNet:
-    """What the safety net did, for the log and the Status node: the prompt whose DiT calls it last checked, and
-    how many of them it ran again in fp32. The log says once per prompt which call tripped first."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._prompt: object = None
-        self._checked = self._tripped = 0
-
-    def checked(self) -> None:
-        prompt = running_prompt()
-        with self._lock:
-            if prompt != self._prompt:
-                self._prompt, self._checked, self._tripped = prompt, 0, 0
-            self._checked += 1
+class SafetyNet(PromptRecord):
+    """What the safety net did (``PromptRecord``): the log says once per prompt which call tripped first."""
 
     def tripped(self, name: str, inputs: dict) -> None:
-        with self._lock:
-            self._tripped += 1
-            first, prompt = self._tripped == 1, self._prompt
+        first, prompt = self.repaired()
         if first:
             timestep = inputs.get("timestep")
             call = (f"DiT call at sigma {float(timestep.flatten()[0]) / 1000.0:.4g}"
@@ -111,13 +77,12 @@ class SafetyNet:
                         "prompt%s", FIX_ID, call, f" ({prompt})" if prompt else "")
 
     def summary(self) -> str:
-        with self._lock:
-            if not self._checked:
-                return "safety net: no float16 MiniMax H3 call checked yet"
-            if not self._tripped:
-                return f"safety net: did not trip in the last run ({self._checked} float16 DiT call(s) checked)"
-            return (f"safety net: tripped in the last run: {self._tripped} of {self._checked} DiT call(s) ran again "
-                    "in float32")
+        checked, tripped = self.counts()
+        if not checked:
+            return "safety net: no float16 MiniMax H3 call checked yet"
+        if not tripped:
+            return f"safety net: did not trip in the last run ({checked} float16 DiT call(s) checked)"
+        return f"safety net: tripped in the last run: {tripped} of {checked} DiT call(s) ran again in float32"
 
 
 def h3_dits(model) -> list:
@@ -126,30 +91,9 @@ def h3_dits(model) -> list:
     return [found] if isinstance(found, torch.nn.Module) and is_h3_dit(found) else []
 
 
-def fp16_is_fast(device) -> bool:
-    """Whether ``device`` computes fp16 at full rate: on NVIDIA, compute capability 7.0 or newer (Pascal's 6.x runs
-    fp16 at 1/64 of fp32 on consumer cards); other accelerators are taken at ComfyUI's word."""
-    if getattr(device, "type", None) == "cuda" and torch.version.cuda and not torch.version.hip:
-        return torch.cuda.get_device_capability(device)[0] >= 7
-    return True
-
-
-def fp16_instead_of_fp32(device, params: int = 0) -> bool:
-    """Whether H3 should compute in fp16 on ``device`` where ComfyUI alone computes it in fp32: ComfyUI's own
-    ``should_use_fp16`` says yes and ``should_use_bf16`` says no (the only reason it picked fp32), the device runs
-    fp16 at full rate, and the user did not force fp32."""
-    import comfy.model_management as mm
-    from comfy.cli_args import args
-
-    return (not args.fp32_unet and fp16_is_fast(device) and mm.should_use_fp16(device, model_params=params)
-            and not mm.should_use_bf16(device, model_params=params))
-
-
 def choose_fp16(patcher) -> bool:
-    """Make a freshly loaded H3 that ComfyUI would compute in fp32 for want of bf16 compute in fp16, where
-    ``fp16_instead_of_fp32``; returns whether it did. The patcher's own switch (an object patch of
-    ``manual_cast_dtype``, as ComfyUI's ModelComputeDtype node sets it), so clones keep it and the stock model is
-    untouched."""
+    """Make an H3 that ComfyUI computes in fp32 for want of bf16 compute in fp16 (``fp16_instead_of_fp32``), by the
+    patcher's own switch (an object patch, as ComfyUI's ModelComputeDtype node sets it); returns whether it did."""
     dits = h3_dits(patcher.model)
     if not dits or compute_dtype(patcher) != torch.float32:
         return False
@@ -162,54 +106,36 @@ def choose_fp16(patcher) -> bool:
     return True
 
 
-def compute_dtype(patcher) -> torch.dtype:
-    """The dtype ``patcher``'s model computes in, its object patches counted (a ModelComputeDtype node upstream of an
-    Apply node, or the pack's own choice, sets ``manual_cast_dtype`` on the patcher, not on the shared model)."""
-    manual_cast = patcher.get_model_object("manual_cast_dtype")
-    return manual_cast if manual_cast is not None else patcher.model.get_dtype()
-
-
 def comfyui_compute_dtype(device) -> torch.dtype:
-    """The dtype ComfyUI alone computes a MiniMax H3 checkpoint in on ``device`` (a bfloat16 file, as released), by
-    its own rules: ``unet_dtype`` over H3's supported dtypes, then ``unet_manual_cast``."""
-    import comfy.model_management as mm
+    """The dtype ComfyUI alone computes MiniMax H3 in on ``device`` (a bfloat16 file, as released)."""
     import comfy.supported_models
 
     config = getattr(comfy.supported_models, "MiniMaxH3", None)
     supported = list(getattr(config, "supported_inference_dtypes", None) or (torch.bfloat16, torch.float32))
-    weight = mm.unet_dtype(device, supported_dtypes=supported, weight_dtype=torch.bfloat16)
-    return mm.unet_manual_cast(weight, device, supported) or weight
+    return checkpoint_compute_dtype(device, supported, torch.bfloat16)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def loader_paths_line(device) -> str:
-    """Which dtype MiniMax H3 computes in on ``device`` through each loader path, and what that means: the stock
-    loaders (ComfyUI's choice), and the pack's loader, Apply node and server-side fixing (the same choice,
-    ``choose_fp16``, on the pack's own patcher)."""
+def loader_paths(device) -> tuple[str, bool]:
+    """Which dtype MiniMax H3 computes in on ``device`` through the stock loaders (ComfyUI's choice) and through the
+    pack's (``choose_fp16``), as one line, and whether the loader path matters there (forced fp16, or no bf16)."""
     stock = comfyui_compute_dtype(device)
     pack = torch.float16 if stock == torch.float32 and fp16_instead_of_fp32(device) else stock
-    pack_paths = "the pack's loader, the Apply node and server-side fixing"
+    stock_name, pack_name = (str(dtype).removeprefix("torch.") for dtype in (stock, pack))
+    paths = "the pack's loader, the Apply node and server-side fixing"
     if stock == pack != torch.float16:
-        return f"MiniMax H3 computes in {_dtype_name(stock)} on {device} through every loader (stock and {pack_paths})"
-    stock_meaning = ("video black, audio NaN" if stock == torch.float16
-                     else "no bfloat16 here: correct, about 10 times slower than float16")
-    return (f"MiniMax H3 computes on {device} in {_dtype_name(stock)} through the stock loaders ({stock_meaning}); in "
-            f"{_dtype_name(pack)} through {pack_paths}, its overflow sites in float32 and a float32 safety net")
+        return f"MiniMax H3 computes in {stock_name} on {device} through every loader (stock and {paths})", False
+    meaning = "video black, audio NaN" if stock == torch.float16 else "no bfloat16 here: correct, about 10 times " \
+                                                                      "slower than float16"
+    return (f"MiniMax H3 computes on {device} in {stock_name} through the stock loaders ({meaning}); in {pack_name} "
+            f"through {paths}, its overflow sites in float32 and a float32 safety net"), True
 
 
 def machine_note() -> str | None:
-    """The start-up line about this machine, where the loader path decides how H3 computes (forced fp16: black
-    through the stock loaders; no bf16: fp32 through them, fp16 through the pack's): which dtype through each."""
+    """The start-up line, where the loader path decides how H3 computes on this machine."""
     import comfy.model_management as mm
 
-    device = mm.get_torch_device()
-    stock = comfyui_compute_dtype(device)
-    if stock == torch.float16 or (stock == torch.float32 and fp16_instead_of_fp32(device)):
-        return loader_paths_line(device)
-    return None
+    line, matters = loader_paths(mm.get_torch_device())
+    return line if matters else None
 
 
 def h3_model_class():
@@ -288,7 +214,7 @@ class H3Fp16Overflow(Fix):
     def machine_lines(self) -> list[str]:
         import comfy.model_management as mm
 
-        return [loader_paths_line(mm.get_torch_device()), self.net.summary()]
+        return [loader_paths(mm.get_torch_device())[0], self.net.summary()]
 
 
 FIX = H3Fp16Overflow()
