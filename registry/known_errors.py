@@ -51,6 +51,14 @@ INT8_MESSAGE = ("The operator 'aten::_int_mm' is not currently implemented",)
 INT8_EXPLANATION = ("this ComfyUI sends the model's int8 layers to torch._int_mm, which this device (Apple Silicon, "
                     "torch before 2.15) does not have.")
 
+# cuBLASLt refusing an int8 GEMM on NVIDIA compute capability 7.0 (V100, Titan V: no int8 tensor cores), which
+# ComfyUI's supports_int8_compute still says yes to; the same message for an fp8 or a per-row scaled GEMM elsewhere
+# does not pass through torch._int_mm
+VOLTA_INT8_HEADING = "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul ... (int8 on a V100)"
+VOLTA_INT8_MESSAGE = ("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul",)
+VOLTA_INT8_EXPLANATION = ("this ComfyUI sends the model's int8 layers to torch._int_mm, which cuBLASLt refuses on this "
+                          "GPU (compute capability 7.0, V100 or Titan V: no int8 tensor cores).")
+
 KNOWN_ERRORS = (
     KnownError("vae_qk_norm_scale", VAE_HEADING, (MIXED_DEVICES,), ("comfy/ldm/minimax/vae.py",),
                "MiniMax H3's video VAE was loaded partly, and this ComfyUI (0.36/0.37) leaves its attention buffer "
@@ -76,6 +84,12 @@ KNOWN_ERRORS = (
                f"in the text encoder: {INT8_EXPLANATION}", Remedy.LOADERS, ("CLIP",)),
     KnownError("int8_full_precision_mm", INT8_HEADING, INT8_MESSAGE, (),
                f"in the diffusion model: {INT8_EXPLANATION}", Remedy.LOADERS, ("MODEL",)),
+    KnownError("int8_full_precision_mm", VOLTA_INT8_HEADING, VOLTA_INT8_MESSAGE, ("_int_mm", "comfy/ldm/minimax/vae.py"),
+               f"at VAE Decode: {VOLTA_INT8_EXPLANATION}", Remedy.LOADERS, ("VAE",)),
+    KnownError("int8_full_precision_mm", VOLTA_INT8_HEADING, VOLTA_INT8_MESSAGE, ("_int_mm", "comfy/text_encoders/"),
+               f"in the text encoder: {VOLTA_INT8_EXPLANATION}", Remedy.LOADERS, ("CLIP",)),
+    KnownError("int8_full_precision_mm", VOLTA_INT8_HEADING, VOLTA_INT8_MESSAGE, ("_int_mm",),
+               f"in the diffusion model: {VOLTA_INT8_EXPLANATION}", Remedy.LOADERS, ("MODEL",)),
     KnownError("cpu_device_cuda_query", "ValueError: Expected a cuda device, but got: cpu",
                ("Expected a cuda device, but got: cpu",), (),
                "ComfyUI keeps the text encoder on the CPU of this NVIDIA machine, then asks CUDA about that CPU.",

@@ -69,6 +69,11 @@ def frames(*paths: str) -> str:
 COMFY = "/home/me/ComfyUI"
 MIXED = "Expected all tensors to be on the same device, but found at least two devices, {} and cpu!"
 INT8 = "The operator 'aten::_int_mm' is not currently implemented for the MPS device. If you want this op to be added"
+# cuBLASLt on a V100 (pytorch/pytorch#106840), raised at comfy-kitchen's eager int8 GEMM
+VOLTA_INT_MM = ("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul with transpose_mat1 0 transpose_mat2 "
+                "0 m 16 n 17 k 16 mat1_ld 16 mat2_ld 16 result_ld 16 abType 3 cType 10 computeType 72 scaleType 10")
+EAGER_INT8 = "/venv/comfy_kitchen/backends/eager/quantization.py"
+INT_MM_LINE = "    return torch._int_mm(lhs, rhs)\n"
 ERRORS = [  # (exception message, traceback, fix, models) as users and the simulated device saw them
     ("Expected all tensors to be on the same device, but got weight is on cpu, different from other tensors on cuda:0 "
      "(when checking argument in method wrapper_CUDA___fused_rms_norm)",
@@ -93,6 +98,10 @@ ERRORS = [  # (exception message, traceback, fix, models) as users and the simul
      "int8_full_precision_mm", ("CLIP",)),
     (INT8, frames(f"{COMFY}/comfy/samplers.py", f"{COMFY}/comfy/ldm/minimax/model.py", f"{COMFY}/comfy/ops.py"),
      "int8_full_precision_mm", ("MODEL",)),
+    (VOLTA_INT_MM, frames(f"{COMFY}/comfy/sd.py", f"{COMFY}/comfy/ldm/minimax/vae.py", EAGER_INT8) + INT_MM_LINE,
+     "int8_full_precision_mm", ("VAE",)),
+    (VOLTA_INT_MM, frames(f"{COMFY}/comfy/ldm/minimax/model.py", f"{COMFY}/comfy/ops.py", EAGER_INT8) + INT_MM_LINE,
+     "int8_full_precision_mm", ("MODEL",)),
     ("Expected a cuda device, but got: cpu", frames("/venv/comfy_kitchen/flash_attention.py",
                                                    "/venv/torch/cuda/__init__.py"), "cpu_device_cuda_query", ()),
     ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned.",
@@ -112,6 +121,9 @@ def test_the_matcher_names_the_fix_of_each_known_error(message, traceback, fix, 
     (MIXED.format("cuda:0"), ""),
     ("Incompatible shapes for broadcasting: (1, 8) and requested shape (1, 4)", frames("/venv/torch/functional.py")),
     ("CUDA out of memory. Tried to allocate 2.00 GiB", frames(f"{COMFY}/comfy/ldm/minimax/vae.py")),
+    # cuBLASLt refusing a GEMM that is no int8 one (a per-row scaled fp8 GEMM on Blackwell, pytorch/pytorch#192707)
+    ("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmulAlgoGetHeuristic(...)",
+     frames(f"{COMFY}/comfy/ops.py", "/venv/comfy_kitchen/backends/cuda/fp8.py") + "    torch._scaled_mm(a, b)\n"),
     ("", ""),
 ])
 def test_an_error_no_fix_repairs_matches_nothing(message, traceback):
