@@ -11,7 +11,7 @@ step, so the model is built without refiner blocks. Four modes, interleaved roun
 
 * fp32: what stock ComfyUI computes H3 in where the device has no bf16 (weights and compute fp32; on CUDA TF32 off);
 * fp16: plain fp16, stock, no fix: the speed to match (the inputs stay in range, so it stays finite here);
-* pack: the same fp16 model with the fix's hooks (``hook_dit``), its calls marked fp16 by the DiT's own ``_forward``;
+* pack: the same fp16 model with the fix's hooks (``hook_dit``), its calls marked fp16 at the DiT's ``forward``;
 * pack without the net: the same, without the safety net (``hook_dit(..., net=False)``): what the net costs.
 
 Prints ms/step per mode, pack/fp16 (the fix's overhead; PASS/FAIL against ``--overhead-target``), pack/pack without

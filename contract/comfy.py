@@ -55,7 +55,6 @@ def _qwen35_class(name: str, recognised):
     return found[0] if len(found) == 1 else None
 
 
-
 def running_prompt() -> str | None:
     """The id of the prompt ComfyUI is executing in this thread (None outside one, or on a core without it)."""
     try:

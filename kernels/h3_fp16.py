@@ -31,6 +31,7 @@ import math
 from contextvars import ContextVar
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
 FP16_MAX = torch.finfo(torch.float16).max
 # A power of two: divides and multiplies exactly. 2**8 gives the branch outputs 256 times fp16's range (the real
@@ -165,38 +166,23 @@ def helpers_of(block):
 
 
 def all_finite(outputs) -> torch.Tensor:
-    """Whether every floating-point tensor in ``outputs`` (a tensor, or a list or tuple of them) is finite, as one
+    """Whether every floating-point tensor in ``outputs`` (a tensor, or lists and tuples of them) is finite, as one
     flag on their device: nothing is read back here."""
-    flags = [torch.isfinite(tensor).all() for tensor in _tensors(outputs) if tensor.is_floating_point()]
+    flags = [torch.isfinite(tensor).all() for tensor in tree_flatten(outputs)[0]
+             if isinstance(tensor, torch.Tensor) and tensor.is_floating_point()]
     return torch.stack([flag.to(flags[0].device) for flag in flags]).all() if flags else torch.tensor(True)
 
 
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-
-
-def _in_dtype(value, dtype: torch.dtype, only: torch.dtype | None = None):
-    """``value`` (a tensor, or a list or tuple of them) with its floating-point tensors (those in ``only``, where
-    given) in ``dtype``; anything else as it is."""
-    if isinstance(value, torch.Tensor):
-        wanted = value.is_floating_point() and (only is None or value.dtype == only)
-        return value.to(dtype) if wanted else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_in_dtype(item, dtype, only) for item in value)
-    return value
+def _widened(value):
+    """``value``'s fp16 tensors (lists and tuples of them too) in fp32; anything else as it is."""
+    return tree_map(lambda item: item.float() if isinstance(item, torch.Tensor) and item.dtype == torch.float16
+                    else item, value)
 
 
 def _like(value, reference):
-    """``value``'s tensors in the dtypes of ``reference``'s, position by position (what the fp16 call returned)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(reference.dtype) if value.is_floating_point() else value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_like(item, like) for item, like in zip(value, reference, strict=True))
-    return value
+    """``value``'s floating-point tensors in the dtypes of ``reference``'s, position by position."""
+    return tree_map(lambda item, like: item.to(like.dtype) if isinstance(item, torch.Tensor)
+                    and item.is_floating_point() else item, value, reference)
 
 
 def _entry_point(stock, inputs: tuple[str, ...], switched_off, net, keep_output_dtypes: bool = False):
@@ -233,10 +219,8 @@ def _entry_point(stock, inputs: tuple[str, ...], switched_off, net, keep_output_
         if bool(all_finite(out)):
             return out
         net.tripped(stock.__name__, given)
-        args = tuple(_in_dtype(arg, torch.float32, only=torch.float16) if index < len(inputs) else arg
-                     for index, arg in enumerate(args))
-        kwargs = {key: _in_dtype(value, torch.float32, only=torch.float16) if key in inputs else value
-                  for key, value in kwargs.items()}
+        args = tuple(_widened(arg) if index < len(inputs) else arg for index, arg in enumerate(args))
+        kwargs = {key: _widened(value) if key in inputs else value for key, value in kwargs.items()}
         with fp32_stream_call(None):
             again = stock(*args, **kwargs)
         return _like(again, out) if keep_output_dtypes else again

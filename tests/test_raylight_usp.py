@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hotfix_testing import child_pythonpath, raylight_source
-from hotfix_testing.raylight_usp import step_inputs, tiny_dit
+from hotfix_testing.raylight_usp import outputs, tiny_dit
 
 pytestmark = [pytest.mark.skipif(not raylight_source.available(), reason="needs ../shared/raylight (raylight's source)"),
               pytest.mark.e2e]  # two processes on a process group: with the other multi-process tests
@@ -61,9 +61,7 @@ def single_process(comfyui) -> dict:
     for dtype in (torch.float16, torch.float32):
         dit = tiny_dit()
         handles = hook_dit(dit, FIX)
-        with torch.no_grad():
-            found[str(dtype).removeprefix("torch.")] = torch.cat(
-                [part.reshape(-1).float() for part in dit(**step_inputs(dtype))])
+        found[str(dtype).removeprefix("torch.")] = outputs(dit, dtype)
         remove_handles(handles)
     return found
 
