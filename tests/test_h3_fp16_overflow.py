@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
+from hotfix_testing.h3_forms import dit_call, inputs_in
 from minimax_hotfix.contract import remove_handles
 from minimax_hotfix.kernels.h3_fp16 import (
     BRANCH_RESCALE,
@@ -258,16 +259,6 @@ def cast_model(h3, layers: int = 4, sink_growth: float = 3.0):
                          config={"num_layers": layers}, sink_growth=sink_growth)
 
 
-def dit_call(model, inputs: dict) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.cat([part.reshape(-1).to(torch.float32) for part in model(**inputs)])
-
-
-def in_fp32(inputs: dict) -> dict:
-    """The same call in fp32: the fp16 call's own inputs (as ComfyUI handed them to the DiT), widened."""
-    return {**inputs, "x": [part.float() for part in inputs["x"]], "context": inputs["context"].float()}
-
-
 @pytest.fixture
 def net(h3, monkeypatch):
     """A fresh safety-net record on the fix."""
@@ -275,21 +266,30 @@ def net(h3, monkeypatch):
     return h3.fix.net
 
 
+def as_comfyui_calls(model, inputs: dict) -> torch.Tensor:
+    """One DiT call as ComfyUI's model makes it (``model_base._apply_model``): the latents and the timestep
+    positional, the rest by keyword."""
+    rest = {key: value for key, value in inputs.items() if key not in ("x", "timestep")}
+    with torch.no_grad():
+        return torch.cat([part.reshape(-1).to(torch.float32) for part in model(inputs["x"], inputs["timestep"], **rest)])
+
+
 @pytest.mark.cores(*CORES)
-def test_past_the_rescale_the_safety_net_runs_the_call_again_in_fp32(h3, net, caplog):
+@pytest.mark.parametrize("call", [dit_call, as_comfyui_calls], ids=["by keyword", "as ComfyUI calls it"])
+def test_past_the_rescale_the_safety_net_runs_the_call_again_in_fp32(h3, net, caplog, call):
     """fc2 above 256 x 65504: even rescaled it overflows fp16. Red control: the fix without its net gives NaN, with
     no word in the log. With the net: the call's output equals its fp32 run bit for bit, and the log says so once
-    for the prompt however many calls trip."""
+    for the prompt however many calls trip; whether the inputs come positionally or by keyword."""
     model = cast_model(h3, sink_growth=7.0)
     fc2 = magnitudes(model)["fc2"]
     assert max(fc2) > BRANCH_RESCALE * FP16_MAX, fc2
-    inputs = tiny_h3_inputs(torch.float16)
-    reference = dit_call(model, in_fp32(inputs))
+    inputs = inputs_in(torch.float16)
+    reference = dit_call(model, inputs_in(torch.float32))  # the fp16 call's own inputs, widened
     runs = {}
     for with_net in (False, True):
         handles = h3.module.hook_dit(model, h3.fix, net=with_net)
         try:
-            runs[with_net] = [dit_call(model, inputs) for _ in range(2)]
+            runs[with_net] = [call(model, inputs) for _ in range(2)]
         finally:
             remove_handles(handles)
     print(f"\nfc2 peak {max(fc2):.3g} (the rescale's envelope {BRANCH_RESCALE * FP16_MAX:.3g}); without the net "
@@ -314,7 +314,7 @@ def test_inside_the_envelope_the_net_never_trips_and_reads_the_device_once_per_c
         handles = h3.module.hook_dit(model, h3.fix, net=with_net)
         try:
             with HostReads() as counted:
-                outs[with_net] = dit_call(model, tiny_h3_inputs(torch.float16))
+                outs[with_net] = dit_call(model, inputs_in(torch.float16))
         finally:
             remove_handles(handles)
         reads[with_net] = counted.count
@@ -335,7 +335,7 @@ def test_audio_rows_as_attention_sinks_need_no_fp32_attention(h3):
     stream's rows grow; the stream itself is fp32."""
     from comfy.ldm.minimax.model import PackedLayout
 
-    inputs = tiny_h3_inputs(torch.float16)
+    inputs = inputs_in(torch.float16)
     video, audio = inputs["x"]
     layout = PackedLayout(inputs["context"].shape[1], video.shape[2], video.shape[3], video.shape[4], audio.shape[-1])
     first, last, _ = next(segment for segment in layout.segments if segment[2] == "audio")
@@ -349,10 +349,9 @@ def test_audio_rows_as_attention_sinks_need_no_fp32_attention(h3):
         handles = [block.register_forward_hook(
             lambda module, args, output, rows=audio_rows: rows.append(output[first:last, 0].abs().min().item()))
             for block in model.blocks]
-        reference = dit_call(model, in_fp32(inputs))
+        reference = dit_call(model, inputs_in(torch.float32))
         remove_handles(handles)
-        bf16 = dit_call(model, {**inputs, "x": [part.bfloat16() for part in inputs["x"]],
-                                "context": inputs["context"].bfloat16()})
+        bf16 = dit_call(model, inputs_in(torch.bfloat16))
         fixed = h3.module.hook_dit(model, h3.fix, net=False)
         try:
             pack = dit_call(model, inputs)
